@@ -1,0 +1,159 @@
+"""Engine flags: one parser shared by `strata engine`, `strata generate`, `strata probe`,
+`strata tokenize` and the server's config `args`.
+
+Every flag of the seed config is accepted. Flags this build accepts but does not act on
+are listed in NOT_HONOURED and named in a start-up warning (never silently ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from strata.errors import StrataError
+
+# flag -> why it has no effect in this build (said once at start-up when the flag is given)
+NOT_HONOURED: dict[str, str] = {
+    "--expert-profile": "expert profiles only steer host-offloaded expert caches; every expert stays resident",
+    "--kv-resident": "the whole KV cache stays resident; there is no host spill tier",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises StrataError (one line naming the flag) instead of exiting."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        raise StrataError(f"bad engine flag: {message}")
+
+
+def _prefill(value: str) -> str:
+    v = value.strip().lower()
+    if v == "auto":
+        return v
+    if v.startswith("auto:"):
+        n = v[5:]
+    else:
+        n = v
+    if not n.isdigit() or int(n) <= 0:
+        raise argparse.ArgumentTypeError(f"--prefill takes auto, auto:N or N (N > 0), not {value!r}")
+    return v
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
+    return n
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return n
+
+
+def _probability(value: str) -> float:
+    try:
+        p = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability, got {value!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {value!r}")
+    return p
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) -> None:
+    """Add every engine flag to parser p (used by several commands)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--pack", help="pack directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    g.add_argument("--native", help="main shard of the pack (relative to --pack DIR)")
+    g.add_argument("--ple-gguf", action="append", default=[], help="extra shard whose tensors join the pack")
+    g.add_argument("--mtp", help="MTP draft (file or directory); default: nextn tensors in the pack, if any")
+    g.add_argument("--spec", type=_non_negative_int, default=0, help="draft up to K tokens per window (0: no MTP)")
+    g.add_argument("--spec-min-p", type=_probability, default=0.0, help="stop drafting when the draft's top probability is under P")
+    g.add_argument("--batch-mtp", action="store_true", help="every slot verifies its own MTP proposal inside the batched window")
+    g.add_argument("--parallel", type=_positive_int, default=1, help="number of slots (concurrent sequences)")
+    g.add_argument("--prefill", type=_prefill, default="auto", help="prefill chunking: auto, auto:N or N tokens per chunk")
+    g.add_argument("--max-context", type=_positive_int, default=None, help="context length per sequence (default: the model's)")
+    g.add_argument("--kv", choices=("f16", "int8"), default="f16", help="KV cache storage")
+    g.add_argument("--kv-resident", type=_positive_int, default=None, help="(accepted; see warnings)")
+    g.add_argument("--expert-profile", default=None, help="(accepted; see warnings)")
+    g.add_argument("--expert-cache", default="auto", help="expert cache policy: auto (all experts resident)")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute backend")
+    g.add_argument("--no-native", default="", metavar="TYPES",
+                   help="diagnostic: comma-separated GGML types to drop from the native kernel table")
+    g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for BLAS (default: all cores)")
+    if serving:
+        g.add_argument("--host", default="127.0.0.1")
+        g.add_argument("--port", type=_non_negative_int, default=8080)
+        g.add_argument("--alias", "--model-name", dest="alias", default=None, help="model name served on /v1/models")
+        g.add_argument("--api-key", default=None, help="require this bearer key")
+
+
+@dataclass
+class EngineOptions:
+    pack: str | None = None
+    native: str | None = None
+    ple_gguf: list[str] = field(default_factory=list)
+    mtp: str | None = None
+    spec: int = 0
+    spec_min_p: float = 0.0
+    batch_mtp: bool = False
+    parallel: int = 1
+    prefill: str = "auto"
+    max_context: int | None = None
+    kv: str = "f16"
+    kv_resident: int | None = None
+    expert_profile: str | None = None
+    expert_cache: str = "auto"
+    device: str = "auto"
+    no_native: str = ""
+    threads: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    alias: str | None = None
+    api_key: str | None = None
+    given_flags: tuple[str, ...] = ()
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace, argv: list[str] | None = None) -> "EngineOptions":
+        known = {f for f in cls.__dataclass_fields__ if f != "given_flags"}
+        values = {k: v for k, v in vars(ns).items() if k in known}
+        given = tuple(a.split("=", 1)[0] for a in (argv or []) if a.startswith("--"))
+        return cls(**values, given_flags=given)
+
+    def prefill_chunk(self) -> int:
+        """Tokens per prefill chunk: auto = 512, auto:N = min(N, 512) sized by the backend later, N = N."""
+        v = self.prefill
+        if v == "auto":
+            return 512
+        if v.startswith("auto:"):
+            return int(v[5:])
+        return int(v)
+
+    def no_native_types(self) -> set[str]:
+        return {t.strip().upper() for t in self.no_native.split(",") if t.strip()}
+
+    def warnings(self) -> list[str]:
+        """Start-up warnings for flags this build accepts but does not act on."""
+        out = []
+        for flag, why in NOT_HONOURED.items():
+            if flag in self.given_flags:
+                out.append(f"strata: warning: {flag} is accepted but has no effect in this build: {why}")
+        if self.expert_cache not in ("auto", "off", "all"):
+            out.append(f"strata: warning: --expert-cache {self.expert_cache}: only 'auto' (all experts resident) is built")
+        return out
+
+
+def parse_engine_args(argv: list[str], *, serving: bool = True, prog: str = "strata engine") -> EngineOptions:
+    p = _Parser(prog=prog, add_help=True, allow_abbrev=False)
+    add_engine_arguments(p, serving=serving)
+    ns = p.parse_args(argv)
+    return EngineOptions.from_namespace(ns, argv)

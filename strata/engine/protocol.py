@@ -1,0 +1,75 @@
+"""The contract between the engine core (scheduler, model) and its front ends (HTTP API, CLI).
+
+The engine core runs generation on its own thread. A front end submits a
+GenerationRequest and reads events from the handle's thread-safe queue until a
+FinishEvent arrives. Text deltas are already UTF-8 safe and already cut at stop
+strings: front ends forward them as they are.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0  # 0..20
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+
+
+@dataclass
+class TopLogprob:
+    token_id: int
+    text: str
+    logprob: float
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    text: str  # the text this token adds (may be "" while a UTF-8 character or stop string is pending)
+    logprob: float | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+@dataclass
+class FinishEvent:
+    reason: str  # "stop" | "length" | "cancelled" | "error"
+    prompt_tokens: int
+    completion_tokens: int
+    text_tail: str = ""  # text held back (pending stop-string prefix) released at the end
+    error: str | None = None  # one line, when reason == "error"
+
+
+class RequestHandle:
+    """What submit() returns: a queue of TokenEvent ... FinishEvent, and cancel()."""
+
+    def __init__(self, request: GenerationRequest):
+        self.request = request
+        self.events: "queue.Queue[TokenEvent | FinishEvent]" = queue.Queue()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()

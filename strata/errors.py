@@ -1,0 +1,19 @@
+"""User-facing errors.
+
+A StrataError is a problem with the user's input (a file, a flag, a tensor, a request
+field). The CLI prints its message as one line and exits with code 2; no traceback.
+Anything else that escapes is a bug in Strata.
+"""
+
+
+class StrataError(Exception):
+    """One-line, user-facing error. The message names the culprit (file, tensor, flag)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
