@@ -95,6 +95,8 @@ class _Cursor:
         # The hot loop of opening a model (vocabulary + merges): keep it flat.
         buf, pos, end = self.buf, self.pos, self.end
         unpack = _U64.unpack_from
+        if count * 8 > end - pos:  # a corrupt count must not allocate a huge list
+            raise _Truncated
         out = [None] * count
         for i in range(count):
             if pos + 8 > end:

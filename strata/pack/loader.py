@@ -1,0 +1,212 @@
+"""Open a model "pack": one or more GGUF files joined into one tensor namespace.
+
+Flag forms (as the CLI passes them):
+  --pack DIR                      every *.gguf in DIR (one model: one file or one split set)
+  --pack FILE                     that file (plus its siblings when it is one shard of a split)
+  --native FILE                   the main file; relative paths resolve against --pack DIR
+  --ple-gguf FILE [FILE ...]      extra files whose tensors join the namespace
+Split shards follow llama.cpp's gguf-split naming, NAME-0000i-of-0000N.gguf; metadata comes
+from shard 1.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from strata.errors import StrataError
+from strata.gguf.constants import SPLIT_COUNT_KEY
+from strata.gguf.reader import GGUFFile, TensorInfo
+
+SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def shard_name(stem: str, no: int, count: int) -> str:
+    return f"{stem}-{no:05d}-of-{count:05d}.gguf"
+
+
+def user_path(text: str | Path, base: Path | None = None) -> Path:
+    """A path from a flag: Windows backslashes accepted; relative ones tried against base first."""
+    raw = str(text)
+    candidates = [Path(raw)]
+    if "\\" in raw:
+        candidates.append(Path(raw.replace("\\", "/")))
+    ordered = []
+    for c in candidates:
+        if base is not None and not c.is_absolute():
+            ordered.append(base / c)
+        ordered.append(c)
+    for c in ordered:
+        if c.exists():
+            return c
+    return ordered[0]
+
+
+def _shard_set(path: Path, label: str) -> list[Path]:
+    """All shards of the split that `path` belongs to (just [path] when it is not a shard)."""
+    m = SHARD_NAME.match(path.name)
+    if not m:
+        return [path]
+    count = int(m["count"])
+    shards = [path.parent / shard_name(m["stem"], i, count) for i in range(1, count + 1)]
+    for s in shards:
+        if not s.is_file():
+            raise StrataError(f"pack {label}: shard {s.name} is missing")
+    return shards
+
+
+def _models_in_dir(directory: Path) -> dict[str, list[Path]]:
+    """Group a directory's .gguf files into models: a split set counts as one."""
+    groups: dict[str, list[Path]] = {}
+    for p in sorted(directory.glob("*.gguf")):
+        m = SHARD_NAME.match(p.name)
+        key = shard_name(m["stem"], 1, int(m["count"])) if m else p.name
+        groups.setdefault(key, []).append(p)
+    return groups
+
+
+@dataclass
+class Pack:
+    label: str  # how the user named it, for messages
+    files: list[GGUFFile]
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+
+    @property
+    def main(self) -> GGUFFile:
+        return self.files[0]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.main.metadata
+
+    @property
+    def metadata_types(self):
+        return self.main.metadata_types
+
+    @property
+    def arch(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise StrataError(f"pack {self.label}: missing metadata key general.architecture")
+        return arch
+
+    def require(self, key: str) -> Any:
+        """A metadata value the model cannot do without; a named error when absent."""
+        if key not in self.metadata:
+            raise StrataError(f"pack {self.label}: missing metadata key {key}")
+        return self.metadata[key]
+
+    def arch_key(self, suffix: str, default: Any = ...) -> Any:
+        """`{arch}.{suffix}`, e.g. arch_key('block_count'); required unless a default is given."""
+        key = f"{self.arch}.{suffix}"
+        if default is not ... and key not in self.metadata:
+            return default
+        return self.require(key)
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise StrataError(f"pack {self.label}: missing required tensor {name}") from None
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def describe(self) -> str:
+        lines = [
+            f"pack {self.label}: arch {self.metadata.get('general.architecture', '?')}, "
+            f"{len(self.tensors)} tensors, {self.total_bytes / 2**20:.1f} MiB in {len(self.files)} file(s)"
+        ]
+        lines += [f"  {f.path}" for f in self.files]
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def _join(self, gguf: GGUFFile) -> None:
+        for name, info in gguf.tensors.items():
+            other = self.tensors.get(name)
+            if other is not None:
+                raise StrataError(f"pack {self.label}: tensor {name} is in both {other.path} and {info.path}")
+            self.tensors[name] = info
+        self.files.append(gguf)
+
+
+def _main_paths(pack: str | None, native: str | None) -> tuple[str, list[Path]]:
+    """(label, the main model's files, shard 1 first)."""
+    base = None
+    if pack is not None:
+        pack_path = user_path(pack)
+        label = str(pack)
+        if pack_path.is_dir():
+            base = pack_path
+        elif pack_path.is_file():
+            base = pack_path.parent
+            if native is None:
+                return label, _shard_set(pack_path, label)
+        else:
+            raise StrataError(f"pack {pack}: no such file or directory")
+    if native is not None:
+        native_path = user_path(native, base)
+        label = str(pack) if pack is not None else str(native)
+        if not native_path.is_file():
+            where = f" (looked in {base})" if base is not None else ""
+            raise StrataError(f"--native {native}: no such file{where}")
+        return label, _shard_set(native_path, label)
+    if pack is None:
+        raise StrataError("no model given: pass --pack DIR|FILE or --native FILE")
+    groups = _models_in_dir(base)
+    if not groups:
+        raise StrataError(f"pack {pack}: no .gguf files in {base}")
+    if len(groups) > 1:
+        names = ", ".join(groups)
+        raise StrataError(f"pack {pack}: holds several models ({names}); pick the main one with --native")
+    (first, members), = groups.items()
+    return label, _shard_set(base / first, label) if SHARD_NAME.match(first) else members
+
+
+def open_pack(
+    pack: str | None = None,
+    native: str | None = None,
+    ple_gguf: list[str] | str | None = None,
+) -> Pack:
+    label, paths = _main_paths(pack, native)
+    if isinstance(ple_gguf, (str, Path)):
+        ple_gguf = [ple_gguf]
+    base = None
+    if pack is not None:
+        p = user_path(pack)
+        base = p if p.is_dir() else p.parent
+    for extra in ple_gguf or ():
+        extra_path = user_path(extra, base)
+        if not extra_path.is_file():
+            raise StrataError(f"--ple-gguf {extra}: no such file")
+        paths.append(extra_path)
+
+    result = Pack(label, [])
+    seen: set[Path] = set()
+    for p in paths:
+        resolved = p.resolve()
+        if resolved in seen:  # --ple-gguf naming a shard already loaded with its set
+            continue
+        seen.add(resolved)
+        result._join(GGUFFile(p))
+    _check_split_count(result, label)
+    return result
+
+
+def _check_split_count(pack: Pack, label: str) -> None:
+    declared = pack.metadata.get(SPLIT_COUNT_KEY)
+    m = SHARD_NAME.match(pack.main.path.name)
+    if declared is not None and m and int(declared) != int(m["count"]):
+        raise StrataError(
+            f"pack {label}: {pack.main.path.name} says {SPLIT_COUNT_KEY} = {declared} "
+            f"but its name says {int(m['count'])} shards"
+        )

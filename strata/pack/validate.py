@@ -1,0 +1,29 @@
+"""Checks the model code runs against a pack, with one-line errors naming the culprit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from strata.errors import StrataError
+
+
+def _fmt(shape: Iterable[int]) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def check_shape(pack, name: str, expected_ne: tuple[int, ...]):
+    """The tensor (ggml order shape) must match what the metadata implies; returns it."""
+    info = pack.tensor(name)
+    if tuple(info.shape) != tuple(int(d) for d in expected_ne):
+        raise StrataError(
+            f"pack {pack.label}: tensor {name} has shape {_fmt(info.shape)} "
+            f"but the metadata implies {_fmt(expected_ne)}"
+        )
+    return info
+
+
+def check_arch(arch: str | None, supported: Iterable[str]) -> str:
+    supported = list(supported)
+    if arch not in supported:
+        raise StrataError(f"unsupported architecture {arch!r} (supported: {', '.join(supported)})")
+    return arch
