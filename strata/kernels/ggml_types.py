@@ -2,8 +2,9 @@
 
 Every other part of Strata (the GGUF reader's size checks, dequantization, the native
 kernel table, the probe, the pack writer) looks types up here instead of branching on ids.
-The `dequantize` column is filled by `strata.kernels.dequant` (vectorized numpy reference
-implementations); `random_blocks` by `strata.kernels.random_blocks`.
+Code per type lives elsewhere, keyed by these ids, so importing the table stays cheap:
+`strata.kernels.dequant.DEQUANTIZERS[id]` (vectorized numpy reference dequantization) and
+`strata.kernels.random_blocks.random_blocks(id, ...)` (random valid blocks).
 """
 
 from __future__ import annotations
