@@ -342,6 +342,13 @@ class Tokenizer:
                 ids.append(self.eos_id)
         return ids
 
+    def pretokenize(self, text: str) -> list[str]:
+        """The words BPE sees, as text (for debugging a `pre` choice; no special tokens)."""
+        pre = self._hf.pre_tokenizer
+        if pre is None:  # SentencePiece: the whole run is one word
+            return [text] if text else []
+        return [self._built.normal_bytes(w).decode("utf-8", errors="replace") for w, _ in pre.pre_tokenize_str(text)]
+
     def _plain(self) -> HFTokenizer:
         if self._hf_plain is None:
             with self._plain_lock:
