@@ -40,7 +40,7 @@ REASONS: dict[str, str] = {
 }
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")  # a dotted all-digit component: blk.12.x -> blk.*.x
-_NEXTN = re.compile(r"^blk\.\d+\.nextn\.")
+_NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 
 
 def role_of(name: str) -> str:
@@ -51,6 +51,14 @@ def role_of(name: str) -> str:
 
 def is_draft_name(name: str) -> bool:
     return name.startswith("mtp.") or bool(_NEXTN.match(name))
+
+
+def draft_names_in(tensors: Mapping[str, tuple]) -> set[str]:
+    """The draft's tensors inside a pack: `mtp.*`, and every tensor of a nextn layer (a layer N
+    with `blk.N.nextn.*` tensors is the draft's block, not part of the main model's decode)."""
+    layers = {m.group(1) for n in tensors if (m := _NEXTN.match(n))}
+    prefixes = tuple(f"blk.{n}." for n in layers)
+    return {n for n in tensors if n.startswith("mtp.") or (prefixes and n.startswith(prefixes))}
 
 
 def _default_dequantizable(type_id: int) -> bool:
@@ -155,7 +163,7 @@ def group_tensors(reports: Sequence[TensorReport], limit: int = 4) -> str:
              for (role, tname), n in items[:limit]]
     if len(items) > limit:
         rest = sum(n for _, n in items[limit:])
-        words.append(f"and {rest} more in {len(items) - limit} more groups")
+        words.append(f"and {rest} more tensor{'s' if rest != 1 else ''} in {len(items) - limit} more groups")
     return ", ".join(words)
 
 
@@ -263,8 +271,9 @@ def _tensor_reports(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tu
                     dequantizable: Callable[[int], bool]) -> list[TensorReport]:
     parallel = max(1, int(opts.parallel))
     verify_cols = parallel * (max(0, int(opts.spec)) + 1)
-    model = {n: v for n, v in tensors.items() if not is_draft_name(n)}
-    draft = {n: v for n, v in tensors.items() if is_draft_name(n)}
+    draft_names = set(draft_tensors or ()) | draft_names_in(tensors)
+    model = {n: v for n, v in tensors.items() if n not in draft_names}
+    draft = {n: v for n, v in tensors.items() if n in draft_names}
     draft.update(draft_tensors or {})
     has_head = any(n.startswith("output.") or n == "output" for n in model)
     shared = {n for n in model if n.startswith(("output.", "token_embd."))} if draft else set()
