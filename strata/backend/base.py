@@ -1,0 +1,120 @@
+"""The backend interface the model is written against.
+
+A backend owns (1) how weights live on its device and (2) the ops the forward pass calls.
+Model code only ever calls these methods and array functions of `self.xp` (numpy or cupy),
+so the CUDA backend plugs in without touching model code.
+
+Ops with a plain array-module implementation are written here once, for any `xp`; a backend
+overrides them where it has something faster (fused kernels on the GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+
+class TensorSource(Protocol):
+    """What a pack hands to a backend: one tensor in its GGUF block layout."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # ggml order: ne0 (row length) first
+
+    def data(self) -> Any: ...  # uint8 array of the raw blocks
+
+
+class Backend:
+    name = "abstract"
+    xp: Any = None  # the array module
+
+    # ---- weights -------------------------------------------------------------------
+    def linear_weight(self, sources: Sequence[TensorSource]) -> Any:
+        """A 2-D weight (or several with one row length, fused along the output rows)."""
+        raise NotImplementedError
+
+    def expert_weight(self, source: TensorSource) -> Any:
+        """A 3-D expert weight: ne [in, out, n_expert]."""
+        raise NotImplementedError
+
+    def vector(self, source: TensorSource) -> Any:
+        """A 1-D float tensor (norm weights, biases) as float32 on the device."""
+        raise NotImplementedError
+
+    def embedding(self, source: TensorSource) -> Any:
+        raise NotImplementedError
+
+    # ---- matrix ops ----------------------------------------------------------------
+    def linear(self, w: Any, x: Any) -> Any:
+        """x (n, in) float32 -> (n, out) float32."""
+        raise NotImplementedError
+
+    def linear_experts(self, w: Any, x: Any, expert_ids: Any) -> Any:
+        """expert_ids (n, k); x (n, in) shared by a token's k experts, or (n, k, in) one row per
+        (token, expert) -> (n, k, out)."""
+        raise NotImplementedError
+
+    def embed(self, table: Any, token_ids: Any) -> Any:
+        """token_ids (n,) -> (n, n_embd) float32."""
+        raise NotImplementedError
+
+    # ---- transfers -----------------------------------------------------------------
+    def asarray(self, a: Any, dtype: Any = None) -> Any:
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_host(self, a: Any) -> Any:
+        return a
+
+    # ---- element-wise and attention ops (any xp) -----------------------------------
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        xp = self.xp
+        var = xp.mean(x * x, axis=-1, keepdims=True)
+        return (x / xp.sqrt(var + eps)) * weight
+
+    def swiglu(self, gate: Any, up: Any) -> Any:
+        xp = self.xp
+        return gate / (1.0 + xp.exp(-gate)) * up
+
+    def rope(self, x: Any, positions: Any, *, base: float, dim: int, scale: float, neox: bool) -> Any:
+        """Rotate the first `dim` features of each head. x (n, heads, head_dim), positions (n,)."""
+        xp = self.xp
+        half = dim // 2
+        inv = base ** (-xp.arange(0, half, dtype=xp.float64) * 2.0 / dim)
+        ang = (xp.asarray(positions, dtype=xp.float64)[:, None] / scale) * inv[None, :]
+        cos = xp.cos(ang).astype(xp.float32)[:, None, :]
+        sin = xp.sin(ang).astype(xp.float32)[:, None, :]
+        out = x.copy()
+        if neox:
+            a, b = x[..., :half], x[..., half:dim]
+        else:
+            a, b = x[..., 0:dim:2], x[..., 1:dim:2]
+        ra = a * cos - b * sin
+        rb = a * sin + b * cos
+        if neox:
+            out[..., :half], out[..., half:dim] = ra, rb
+        else:
+            out[..., 0:dim:2], out[..., 1:dim:2] = ra, rb
+        return out
+
+    def attention(self, q: Any, k: Any, v: Any, q_positions: Any) -> Any:
+        """Causal attention of one sequence's new tokens over its cache.
+
+        q (t, n_head, d); k, v (n_head_kv, L, d) float32 with L = last position + 1;
+        q_positions (t,) absolute positions. Returns (t, n_head * d).
+        """
+        xp = self.xp
+        t, n_head, d = q.shape
+        n_kv, L, _ = k.shape
+        g = n_head // n_kv
+        # (n_kv, g*t, d): query heads grouped under the kv head they share (GQA)
+        qg = q.reshape(t, n_kv, g, d).transpose(1, 2, 0, 3).reshape(n_kv, g * t, d)
+        scores = xp.matmul(qg, k.transpose(0, 2, 1)) * (1.0 / float(d) ** 0.5)
+        pos = xp.asarray(q_positions).reshape(1, t)
+        keys = xp.arange(L).reshape(L, 1)
+        mask = keys > pos  # (L, t): key after the query's position
+        scores = scores.reshape(n_kv, g, t, L)
+        scores = xp.where(mask.T[None, None, :, :], -xp.inf, scores)
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        p = xp.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        out = xp.matmul(p.reshape(n_kv, g * t, L), v)  # (n_kv, g*t, d)
+        return out.reshape(n_kv, g, t, d).transpose(2, 0, 1, 3).reshape(t, n_head * d)

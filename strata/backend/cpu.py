@@ -1,0 +1,90 @@
+"""The numpy backend.
+
+Quantized weights are dequantized once, at load, into float32 matrices that BLAS reads:
+on a 2-core CPU the mat-vec is bound by memory bandwidth either way, and BLAS over float32
+beats any numpy re-implementation of blockwise integer dots by a wide margin. The numpy
+mirrors of the native MMVQ kernels (strata.kernels.mmvq_numpy) compute what the CUDA
+kernels compute and are used to test them, not for speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from strata.backend.base import Backend, TensorSource
+from strata.kernels.dequant import dequantize
+
+
+@dataclass
+class DenseWeight:
+    w: np.ndarray  # (out, in) float32, C-contiguous
+    names: tuple[str, ...]
+    type_ids: tuple[int, ...]
+
+
+@dataclass
+class DenseExperts:
+    w: np.ndarray  # (n_expert, out, in) float32
+    name: str
+    type_id: int
+
+
+def dequantize_source(src: TensorSource) -> np.ndarray:
+    """Dequantize a tensor to float32 shaped numpy-style (reverse of ggml's ne order)."""
+    n = int(np.prod(src.shape))
+    flat = dequantize(src.ggml_type, src.data(), n)
+    return flat.reshape(tuple(reversed(src.shape)))
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    xp = np
+
+    def __init__(self) -> None:
+        self._cache: dict[str, np.ndarray] = {}
+
+    def _dense(self, src: TensorSource) -> np.ndarray:
+        # Cached by name: the tied output head and the embedding are one tensor.
+        a = self._cache.get(src.name)
+        if a is None:
+            a = np.ascontiguousarray(dequantize_source(src), dtype=np.float32)
+            self._cache[src.name] = a
+        return a
+
+    def linear_weight(self, sources: Sequence[TensorSource]) -> DenseWeight:
+        mats = [self._dense(s) for s in sources]
+        w = mats[0] if len(mats) == 1 else np.ascontiguousarray(np.concatenate(mats, axis=0))
+        if len(mats) > 1:
+            for s in sources:  # fused copy made: drop the parts unless shared elsewhere
+                if not s.name.startswith("token_embd"):
+                    self._cache.pop(s.name, None)
+        return DenseWeight(w, tuple(s.name for s in sources), tuple(s.ggml_type for s in sources))
+
+    def expert_weight(self, source: TensorSource) -> DenseExperts:
+        return DenseExperts(np.ascontiguousarray(dequantize_source(source)), source.name, source.ggml_type)
+
+    def vector(self, source: TensorSource) -> np.ndarray:
+        return np.ascontiguousarray(dequantize_source(source).reshape(-1), dtype=np.float32)
+
+    def embedding(self, source: TensorSource) -> np.ndarray:
+        return self._dense(source)
+
+    def linear(self, w: DenseWeight, x: np.ndarray) -> np.ndarray:
+        return np.matmul(x, w.w.T)
+
+    def linear_experts(self, w: DenseExperts, x: np.ndarray, expert_ids: np.ndarray) -> np.ndarray:
+        n, k = expert_ids.shape
+        out = np.empty((n * k, w.w.shape[1]), dtype=np.float32)
+        flat = expert_ids.reshape(-1)
+        # x is one row per token (shared by its k experts) or one row per (token, expert)
+        xin = x.reshape(n * k, -1) if x.ndim == 3 else np.repeat(x, k, axis=0)
+        for e in np.unique(flat):  # one matmul per expert used in this window
+            sel = np.nonzero(flat == e)[0]
+            out[sel] = np.matmul(xin[sel], w.w[e].T)
+        return out.reshape(n, k, -1)
+
+    def embed(self, table: np.ndarray, token_ids) -> np.ndarray:
+        return table[np.asarray(token_ids, dtype=np.int64)]

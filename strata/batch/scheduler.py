@@ -1,0 +1,369 @@
+"""The batch scheduler: slots, admission, windows, MTP proposals and verification.
+
+One engine thread runs windows back to back. A window is one forward of the main model over
+the new tokens of every busy slot: a prefill chunk, one token, or (with MTP) the last token
+plus that slot's drafts. See docs/BATCHING.md for the rules; in short:
+- without --batch-mtp, MTP runs only while a single slot is busy;
+- with --batch-mtp, each slot whose probe entry allows it verifies its own proposal inside
+  the shared window (ragged spans); the others add one token;
+- a failure in one slot's MTP path turns MTP off for that slot (said once) and the request
+  goes on: nothing in the MTP path may end the engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from strata.batch.output import TextOutput
+from strata.batch.slots import Slot
+from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
+from strata.model.transformer import Span, Transformer
+from strata.mtp.draft import DraftModel
+from strata.mtp.verify import verify
+from strata.sampling import distribution, is_greedy, log_softmax, sample_from
+
+
+class FaultInjector:
+    """Test hook: STRATA_FAULT_INJECT="mtp-admit@1,mtp-draft@2" raises in that slot's MTP path."""
+
+    def __init__(self, spec: str | None = None):
+        spec = os.environ.get("STRATA_FAULT_INJECT", "") if spec is None else spec
+        self.points: set[tuple[str, int]] = set()
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            where, _, slot = part.partition("@")
+            self.points.add((where, int(slot)))
+
+    def check(self, where: str, slot: int) -> None:
+        if (where, slot) in self.points:
+            raise RuntimeError(f"injected fault at {where} for slot {slot}")
+
+
+@dataclass
+class SchedulerConfig:
+    parallel: int
+    max_ctx: int
+    kv_kind: str
+    prefill_chunk: int
+    spec: int = 0
+    spec_min_p: float = 0.0
+    batch_mtp: bool = False
+
+
+@dataclass
+class _Entry:
+    slot: Slot
+    tokens: list[int]
+    kind: str  # "prefill" | "decode"
+    drafts: list[int] = field(default_factory=list)
+    q: list[Any] = field(default_factory=list)
+    wants_logits: bool = True
+
+
+class Scheduler:
+    def __init__(self, model: Transformer, tokenizer: Any, cfg: SchedulerConfig, *,
+                 draft: DraftModel | None = None, slot_batch_mtp: list[tuple[bool, str | None]] | None = None,
+                 log: Callable[[str], None] = print, faults: FaultInjector | None = None):
+        self.model = model
+        self.tok = tokenizer
+        self.cfg = cfg
+        self.draft = draft
+        self.log = log
+        self.faults = faults or FaultInjector()
+        self.eog = set(getattr(tokenizer, "eog_ids", set()) or set())
+        self.slots = [Slot(i, model.new_cache(cfg.max_ctx, cfg.kv_kind)) for i in range(cfg.parallel)]
+        for s, (on, reason) in zip(self.slots, slot_batch_mtp or [(False, None)] * cfg.parallel):
+            s.batch_mtp, s.batch_mtp_reason = on, reason
+        self.queue: collections.deque[RequestHandle] = collections.deque()
+        self.cv = threading.Condition()
+        self.running = False
+        self.thread: threading.Thread | None = None
+        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.windows = 0
+        self.finished = collections.Counter()
+
+    # ---- public, thread-safe ------------------------------------------------------------------
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        h = RequestHandle(req)
+        with self.cv:
+            self.queue.append(h)
+            self.cv.notify()
+        return h
+
+    def start(self) -> None:
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, name="strata-scheduler", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cv:
+            self.running = False
+            self.cv.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+    def queue_depth(self) -> int:
+        return len(self.queue)
+
+    def slots_busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while self.running and not self.queue and not any(s.busy for s in self.slots):
+                    self.cv.wait()
+                if not self.running:
+                    break
+            self._admit()
+            try:
+                self.step()
+            except Exception as e:  # a bug must not take the engine down: end the window's requests
+                self.log(f"strata batch: window failed: {type(e).__name__}: {e}")
+                self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
+                for s in self.slots:
+                    if s.busy:
+                        self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
+        for s in self.slots:
+            if s.busy:
+                self._finish(s, "cancelled")
+        while self.queue:
+            h = self.queue.popleft()
+            h.events.put(FinishEvent("cancelled", len(h.request.prompt_ids), 0))
+
+    def run_until_idle(self) -> None:
+        """Drive windows on the caller's thread (CLI and tests) until every request finished."""
+        while True:
+            self._admit()
+            if not any(s.busy for s in self.slots):
+                return
+            self.step()
+
+    def _admit(self) -> None:
+        for s in self.slots:
+            if s.busy:
+                continue
+            with self.cv:
+                if not self.queue:
+                    return
+                h = self.queue.popleft()
+            if h.cancelled:
+                h.events.put(FinishEvent("cancelled", len(h.request.prompt_ids), 0))
+                continue
+            self._start_request(s, h)
+
+    def _start_request(self, s: Slot, h: RequestHandle) -> None:
+        s.reset()
+        p = h.request.params
+        s.handle = h
+        s.prompt = list(h.request.prompt_ids)
+        s.rng = np.random.default_rng(p.seed)
+        s.output = TextOutput(self.tok.token_bytes, list(p.stop))
+        if self.draft is not None and self.cfg.spec > 0 and s.mtp_failed is None:
+            try:  # MTP admission: the slot's private draft state
+                self.faults.check("mtp-admit", s.index)
+                if s.draft_cache is None:
+                    s.draft_cache = self.draft.new_cache(self.cfg.max_ctx, self.cfg.kv_kind)
+                s.draft_cache.length = 0
+            except Exception as e:
+                self._mtp_fail(s, "admission", e)
+
+    def _mtp_fail(self, s: Slot, where: str, e: Exception) -> None:
+        if s.mtp_failed is None:
+            s.mtp_failed = f"{where}: {e}"
+            self.log(f"strata batch: MTP {where} for slot {s.index} failed ({e}); "
+                     f"MTP is off for this slot, its requests go on one token per window")
+        self.fallbacks[f"mtp_{where}_failed"] += 1
+        s.hidden_pending, s.tokens_pending = [], []
+
+    def _mtp_allowed(self, s: Slot, n_busy: int) -> tuple[bool, str | None]:
+        if self.draft is None or self.cfg.spec <= 0 or s.mtp_failed is not None or s.draft_cache is None:
+            return False, None
+        if n_busy <= 1:
+            return True, None
+        if not self.cfg.batch_mtp:
+            return False, None
+        if not s.batch_mtp:
+            return False, s.batch_mtp_reason or "probe"
+        return True, None
+
+    # ---- one window ---------------------------------------------------------------------------
+    def step(self) -> None:
+        busy = [s for s in self.slots if s.busy]
+        for s in busy:
+            if s.handle.cancelled:
+                self._finish(s, "cancelled")
+        busy = [s for s in self.slots if s.busy]
+        if not busy:
+            return
+        entries: list[_Entry] = []
+        for s in busy:
+            if s.prefilling:
+                continue
+            if s.cache.length + 1 > self.cfg.max_ctx:
+                self._finish(s, "length")
+                continue
+            drafts, q = [], []
+            ok, reason = self._mtp_allowed(s, len(busy))
+            if ok:
+                try:
+                    self.faults.check("mtp-draft", s.index)
+                    drafts, q = self._propose(s)
+                except Exception as e:
+                    self._mtp_fail(s, "draft", e)
+                    drafts, q = [], []
+            elif reason is not None:
+                self.fallbacks[reason] += 1
+            entries.append(_Entry(s, [s.pending] + drafts, "decode", drafts, q))
+        budget = self.cfg.prefill_chunk
+        for s in busy:
+            if not s.prefilling or budget <= 0:
+                continue
+            n = min(budget, len(s.prompt) - s.n_prefilled)
+            toks = s.prompt[s.n_prefilled : s.n_prefilled + n]
+            entries.append(_Entry(s, toks, "prefill", wants_logits=s.n_prefilled + n == len(s.prompt)))
+            budget -= n
+        entries = [e for e in entries if e.slot.busy]
+        if not entries:
+            return
+        self.windows += 1
+        spans = [Span(e.slot.cache, e.slot.cache.length, len(e.tokens)) for e in entries]
+        tokens = np.concatenate([np.asarray(e.tokens, dtype=np.int64) for e in entries])
+        hidden = self.model.forward(tokens, spans)
+        # logits only for the rows that are sampled or verified
+        rows, off = [], 0
+        for e in entries:
+            if e.kind == "decode":
+                rows.extend(range(off, off + len(e.tokens)))
+            elif e.wants_logits:
+                rows.append(off + len(e.tokens) - 1)
+            off += len(e.tokens)
+        b = self.model.b
+        logits = b.to_host(self.model.logits(hidden[b.xp.asarray(rows)])) if rows else None
+        li, off = 0, 0
+        for e, sp in zip(entries, spans):
+            n = len(e.tokens)
+            if e.kind == "prefill":
+                self._keep_hidden(e.slot, hidden[off : off + n], sp.start, e.tokens)
+                e.slot.n_prefilled += n
+                if e.wants_logits:
+                    self._accept(e.slot, [], [], logits[li : li + 1])
+                    li += 1
+            else:
+                self._after_decode(e, hidden[off : off + n], sp.start, logits[li : li + n])
+                li += n
+            off += n
+
+    def _keep_hidden(self, s: Slot, h: Any, start: int, toks: list[int]) -> None:
+        """Remember main hiddens/tokens the draft has not consumed yet (only if it may run)."""
+        if self.draft is None or self.cfg.spec <= 0 or s.mtp_failed is not None:
+            return
+        # The draft holds entries for x_1..x_C (C = its cache length); it still needs tokens
+        # at positions > C and main hiddens at positions >= C (entry p reads h_{p-1}).
+        c = s.draft_cache.length if s.draft_cache is not None else 0
+        s.hidden_pending.append(h[max(0, c - start):])
+        s.tokens_pending.extend(t for i, t in enumerate(toks) if start + i > c)
+
+    def _after_decode(self, e: _Entry, h: Any, start: int, logits: np.ndarray) -> None:
+        s = e.slot
+        accepted_tokens = self._accept(s, e.drafts, e.q, logits)
+        if e.drafts:
+            s.counters.record(len(e.drafts), accepted_tokens - 1 if accepted_tokens else 0)
+        if not s.busy:
+            return
+        keep = accepted_tokens  # x_M plus the accepted drafts stay in the cache
+        s.cache.truncate(start + keep)
+        self._keep_hidden(s, h[:keep], start, e.tokens[:keep])
+
+    def _accept(self, s: Slot, drafts: list[int], q: list[Any], logits: np.ndarray) -> int:
+        """Verify and emit; returns how many window tokens stay in the cache (1 + accepted)."""
+        params = s.handle.request.params
+        greedy = is_greedy(params)
+        p = list(logits) if greedy else [distribution(row, params) for row in logits]
+        verdict = verify(drafts, p, q, s.rng, greedy)
+        for j, tok in enumerate(verdict.tokens):
+            if not self._emit(s, tok, logits[j]):
+                return verdict.accepted + 1
+        s.pending = verdict.tokens[-1]
+        return verdict.accepted + 1
+
+    # ---- MTP proposals -------------------------------------------------------------------------
+    def _propose(self, s: Slot) -> tuple[list[int], list[Any]]:
+        d, xp = self.draft, self.model.b.xp
+        params = s.handle.request.params
+        greedy = is_greedy(params)
+        room = self.cfg.max_ctx - s.cache.length - 1
+        left = params.max_tokens - s.n_generated - 1
+        k = min(self.cfg.spec, room, left)
+        if k <= 0:
+            return [], []
+        # catch-up: entries for x_{C+1}..x_M with true main hiddens h_C..h_{M-1}
+        toks = s.tokens_pending + [s.pending]
+        hid = xp.concatenate(s.hidden_pending, axis=0) if len(s.hidden_pending) > 1 else s.hidden_pending[0]
+        committed = s.draft_cache.length + len(toks)
+        chunk = max(1, self.cfg.prefill_chunk)
+        for a in range(0, len(toks), chunk):
+            g, lg = d.step(s.draft_cache, np.asarray(toks[a : a + chunk]), hid[a : a + chunk])
+        s.hidden_pending, s.tokens_pending = [], []
+        drafts, qs = [], []
+        g, row = g[-1:], self.model.b.to_host(lg[-1])
+        while True:
+            z = row.astype(np.float64) - row.max()
+            top = 1.0 / np.exp(z).sum()
+            if top < self.cfg.spec_min_p:
+                break
+            if greedy:
+                tok, qd = int(np.argmax(row)), None
+            else:
+                qd = distribution(row, params)
+                tok = sample_from(qd, s.rng)
+            drafts.append(tok)
+            qs.append(qd)
+            if len(drafts) >= k:
+                break
+            g, lg = d.step(s.draft_cache, np.asarray([tok]), g)
+            row = self.model.b.to_host(lg[-1])
+        s.draft_cache.truncate(committed)  # speculative draft entries are recomputed next time
+        return drafts, qs
+
+    # ---- output ---------------------------------------------------------------------------------
+    def _emit(self, s: Slot, tok: int, logits_row: np.ndarray) -> bool:
+        params = s.handle.request.params
+        s.n_generated += 1
+        if (tok in self.eog and not params.ignore_eos) or tok in params.stop_token_ids:
+            self._finish(s, "stop")
+            return False
+        lp, top = None, None
+        if params.logprobs:
+            ls = log_softmax(logits_row)
+            lp = float(ls[tok])
+            if params.top_logprobs:
+                idx = np.argsort(-ls, kind="stable")[: params.top_logprobs]
+                top = [TopLogprob(int(i), self._piece(int(i)), float(ls[i])) for i in idx]
+        text = s.output.feed(tok)
+        s.handle.events.put(TokenEvent(tok, text, lp, top))
+        if s.output.stopped:
+            self._finish(s, "stop", tail=False)
+            return False
+        if s.n_generated >= params.max_tokens:
+            self._finish(s, "length")
+            return False
+        return True
+
+    def _piece(self, tok: int) -> str:
+        return self.tok.token_bytes(tok).decode("utf-8", errors="replace")
+
+    def _finish(self, s: Slot, reason: str, *, error: str | None = None, tail: bool = True) -> None:
+        h = s.handle
+        text_tail = s.output.finish() if (tail and s.output is not None and reason != "error") else ""
+        h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error))
+        self.finished[reason] += 1
+        s.reset()

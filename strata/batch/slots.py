@@ -1,0 +1,78 @@
+"""Per-slot state: the request being served, its caches, its MTP state and counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from strata.batch.output import TextOutput
+from strata.engine.protocol import RequestHandle
+from strata.model.kv_cache import KVCache
+
+
+@dataclass
+class MtpCounters:
+    windows: int = 0  # windows in which this slot verified a proposal
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    drafted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.windows += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.drafted_per_pos) < drafted:
+            self.drafted_per_pos.append(0)
+            self.accepted_per_pos.append(0)
+        for j in range(drafted):
+            self.drafted_per_pos[j] += 1
+            if j < accepted:
+                self.accepted_per_pos[j] += 1
+
+
+@dataclass
+class Slot:
+    index: int
+    cache: KVCache
+    # MTP capability of this slot: from the probe (batch-MTP) and from runtime failures
+    batch_mtp: bool = False
+    batch_mtp_reason: str | None = None  # short code, for metrics
+    mtp_failed: str | None = None  # set once when the slot's MTP path failed; said once
+    draft_cache: KVCache | None = None
+    counters: MtpCounters = field(default_factory=MtpCounters)
+    # the request in service
+    handle: RequestHandle | None = None
+    prompt: list[int] = field(default_factory=list)
+    n_prefilled: int = 0
+    pending: int | None = None  # last sampled token, not yet in the cache
+    n_generated: int = 0
+    rng: np.random.Generator | None = None
+    output: TextOutput | None = None
+    # draft catch-up: main hiddens h_C..h_{M-1} and tokens x_{C+1}..x_{M-1} not yet seen by the draft
+    hidden_pending: list[Any] = field(default_factory=list)
+    tokens_pending: list[int] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        return self.handle is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.handle is not None and self.n_prefilled < len(self.prompt)
+
+    def reset(self) -> None:
+        self.handle = None
+        self.prompt = []
+        self.n_prefilled = 0
+        self.pending = None
+        self.n_generated = 0
+        self.rng = None
+        self.output = None
+        self.hidden_pending = []
+        self.tokens_pending = []
+        self.cache.length = 0
+        if self.draft_cache is not None:
+            self.draft_cache.length = 0

@@ -1,0 +1,170 @@
+"""The engine core: loads a pack, builds the model, probes capabilities, runs the scheduler.
+
+Front ends (the HTTP API, `strata generate`) talk to it through strata.engine.protocol.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+from strata.backend.select import make_backend
+from strata.batch.scheduler import Scheduler, SchedulerConfig
+from strata.engine.options import EngineOptions
+from strata.engine.protocol import GenerationRequest, RequestHandle
+from strata.errors import StrataError
+from strata.model.config import config_from_metadata
+from strata.model.transformer import Transformer
+from strata.mtp.draft import DraftModel, find_draft
+
+MiB = 1024 * 1024
+
+
+def log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class ContextOverflow(StrataError):
+    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+        super().__init__(
+            f"the prompt has {n_prompt_tokens} tokens but the context holds {n_ctx} "
+            f"(at least one more is needed to generate)"
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+def _progress(log: Callable[[str], None], what: str) -> Callable[[int, int], None]:
+    """Progress for long loads: a live bar on a terminal, one line at the end otherwise."""
+    tty = sys.stderr.isatty()
+    t0 = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        if tty:
+            bar = "#" * (30 * done // total)
+            print(f"\r{what} [{bar:<30}] {done}/{total}", end="", file=sys.stderr, flush=True)
+            if done == total:
+                print(file=sys.stderr)
+        if done == total:
+            log(f"strata: {what}: {total}/{total} done in {time.perf_counter() - t0:.1f} s")
+
+    return report
+
+
+class EngineCore:
+    def __init__(self) -> None:  # use EngineCore.load
+        self.opts: EngineOptions
+        self.scheduler: Scheduler
+
+    @classmethod
+    def load(cls, opts: EngineOptions, log: Callable[[str], None] = log_stderr) -> "EngineCore":
+        from strata.defaults import default_model_path
+        from strata.pack.loader import open_pack
+        from strata.text.chat_template import ChatTemplate
+        from strata.text.tokenizer import Tokenizer
+
+        self = cls()
+        self.opts = opts
+        self.log = log
+        for w in opts.warnings():
+            log(w)
+        pack_arg = opts.pack
+        if pack_arg is None and opts.native is None:
+            pack_arg = str(default_model_path())
+        pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
+        self.pack = pack
+        md = pack.metadata
+        cfg = config_from_metadata(md)
+        self.cfg = cfg
+        log(f"strata: pack {pack.label if hasattr(pack, 'label') else pack_arg}: {cfg.arch}, {cfg.n_layer} layers, "
+            f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
+        self.tokenizer = Tokenizer.from_metadata(md)
+        self.chat = ChatTemplate.from_metadata(md)
+        backend = make_backend(opts.device, no_native=opts.no_native_types())
+        self.backend = backend
+        get = lambda name: pack.tensors.get(name)  # noqa: E731
+        self.model = Transformer(backend, cfg, get, progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
+        self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
+        self.parallel = opts.parallel
+        self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
+
+        draft = None
+        src = find_draft(opts.mtp, pack)
+        if opts.spec > 0 and src is None:
+            log("strata mtp: --spec given but no draft (no --mtp and no nextn tensors in the pack); MTP is off")
+        if src is not None and opts.spec > 0:
+            draft = DraftModel(backend, cfg, src, self.model)
+            self.draft_state_bytes = draft.state_bytes(self.n_ctx, opts.kv)
+            for i in range(opts.parallel):
+                log(f"strata mtp: slot {i}: shared draft weights ({src.nbytes / MiB:.1f} MiB, {src.label}), "
+                    f"{self.draft_state_bytes / MiB:.1f} MiB of private state and buffers at full context")
+        elif src is not None:
+            log(f"strata mtp: draft found ({src.label}) but --spec is 0; MTP is off")
+        self.draft = draft
+        slot_caps = self._probe(pack, src, log)
+        if draft is not None and opts.batch_mtp and any(on for on, _ in slot_caps):
+            log(f"strata verify: batch windows of up to {opts.parallel} sequences (layers [0, {cfg.n_layer}))")
+        self.scheduler = Scheduler(
+            self.model, self.tokenizer,
+            SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
+                            prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
+                            spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp),
+            draft=draft, slot_batch_mtp=slot_caps, log=log)
+        return self
+
+    def _probe(self, pack: Any, src: Any, log: Callable[[str], None]) -> list[tuple[bool, str | None]]:
+        """Per slot: may it verify its own proposal inside a batched window? (the probe decides)"""
+        from strata.kernels.native_table import table_for_backend
+        from strata.kernels.probe import run_probe
+
+        table = table_for_backend(self.backend.name, self.opts.no_native_types())
+        tensors = {n: (t.ggml_type, tuple(t.shape)) for n, t in pack.tensors.items()
+                   if src is None or n not in src.tensors}
+        draft_tensors = {n: (t.ggml_type, tuple(t.shape)) for n, t in src.tensors.items()} if src else None
+        report = run_probe(tensors, draft_tensors, self.opts, self.backend.name, table,
+                           n_gpus=1, mtp_state_bytes_per_slot=getattr(self, "draft_state_bytes", 0))
+        self.probe_report = report
+        if not report.can_run:
+            raise StrataError("; ".join(report.startup_lines()) or "the pack cannot run on this backend")
+        for line in report.startup_lines():
+            log(line)
+        return [(sc.batch_mtp, sc.fallback_reason_code if not sc.batch_mtp else None) for sc in report.slots]
+
+    # ---- the front-end API ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise StrataError("the prompt is empty")
+        if n + 1 > self.n_ctx:
+            raise ContextOverflow(n, self.n_ctx)
+        return self.scheduler.submit(req)
+
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth()
+
+    def slots_busy(self) -> int:
+        return self.scheduler.slots_busy()
+
+    def metrics(self) -> dict:
+        sch = self.scheduler
+        return {
+            "slots": [
+                {"slot": s.index, "busy": s.busy, "batch_mtp": s.batch_mtp, "batch_mtp_reason": s.batch_mtp_reason,
+                 "mtp_failed": s.mtp_failed, "mtp_windows": s.counters.windows, "mtp_drafted": s.counters.drafted,
+                 "mtp_accepted": s.counters.accepted, "mtp_accepted_per_pos": list(s.counters.accepted_per_pos),
+                 "mtp_drafted_per_pos": list(s.counters.drafted_per_pos)}
+                for s in sch.slots
+            ],
+            "batch_mtp_fallbacks": dict(sch.fallbacks),
+            "windows": sch.windows,
+            "finished": dict(sch.finished),
+            "queue_depth": sch.queue_depth(),
+            "slots_busy": sch.slots_busy(),
+        }

@@ -1,0 +1,135 @@
+"""The MTP draft module (nextn style; format in docs/MTP.md).
+
+Weights are loaded once and shared by every slot (`DraftModel`); each slot owns a
+`DraftState` (its own KV cache plus the main-model hidden states the draft has not consumed
+yet). The draft's block input for token x_p is
+    eh_proj([enorm(embed(x_p)); hnorm(h_{p-1})])
+where h_{p-1} is the main model's final-normed hidden state at position p-1. Its output,
+through `output_norm` and the main model's output head, predicts x_{p+1}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from strata.backend.base import Backend
+from strata.errors import StrataError
+from strata.model.config import ModelConfig
+from strata.model.kv_cache import KVCache
+from strata.model.transformer import BlockRunner, Span, Transformer, _expect, load_block, positions_of
+
+NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
+
+# tensor roles of a draft, file form -> in-pack nextn form (block index N = the nextn layer)
+_FILE_NAMES = {
+    "enorm": "mtp.enorm.weight",
+    "hnorm": "mtp.hnorm.weight",
+    "eh_proj": "mtp.eh_proj.weight",
+    "output_norm": "mtp.output_norm.weight",
+}
+_NEXTN_NAMES = {
+    "enorm": "blk.{n}.nextn.enorm.weight",
+    "hnorm": "blk.{n}.nextn.hnorm.weight",
+    "eh_proj": "blk.{n}.nextn.eh_proj.weight",
+    "output_norm": "blk.{n}.nextn.shared_head_norm.weight",
+}
+
+
+class DraftSource:
+    """Where a draft's tensors come from: a separate GGUF (`mtp.*`) or nextn tensors in the pack."""
+
+    def __init__(self, tensors: dict[str, Any], names: dict[str, str], block_prefix: str, label: str):
+        self.tensors = tensors
+        self.names = names
+        self.block_prefix = block_prefix
+        self.label = label
+
+    def get(self, name: str):
+        return self.tensors.get(name)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.nbytes) for t in self.tensors.values())
+
+
+def find_draft(mtp: str | None, pack) -> DraftSource | None:
+    """The draft named by --mtp (file or dir), else nextn tensors inside the pack, else None."""
+    if mtp:
+        from strata.pack.loader import open_pack, user_path
+
+        p = user_path(mtp)
+        if not p.exists():
+            raise StrataError(f"--mtp {mtp}: no such file or directory")
+        dp = open_pack(pack=str(p))
+        tensors = {k: v for k, v in dp.tensors.items() if k.startswith("mtp.")}
+        if "mtp.eh_proj.weight" not in tensors:
+            raise StrataError(f"--mtp {mtp}: no MTP draft tensors (mtp.eh_proj.weight is missing)")
+        return DraftSource(tensors, dict(_FILE_NAMES), "mtp.blk.", f"--mtp {mtp}")
+    layers = sorted({int(m.group(1)) for name in pack.tensors if (m := NEXTN.match(name))})
+    if not layers:
+        return None
+    n = layers[0]
+    prefix = f"blk.{n}."
+    tensors = {k: v for k, v in pack.tensors.items() if k.startswith(prefix)}
+    names = {k: v.format(n=n) for k, v in _NEXTN_NAMES.items()}
+    return DraftSource(tensors, names, prefix, f"nextn layer {n} of the pack")
+
+
+class DraftModel:
+    """Shared draft weights + the ops to run them for one slot at a time."""
+
+    def __init__(self, backend: Backend, cfg: ModelConfig, src: DraftSource, target: Transformer):
+        self.b = backend
+        self.src = src
+        self.target = target
+        E = cfg.n_embd
+        has_router = src.get(src.block_prefix + "ffn_gate_inp.weight") is not None
+        traits = dataclasses.replace(cfg.traits, moe=has_router)
+        n_ff = cfg.n_ff
+        gate = src.get(src.block_prefix + "ffn_gate.weight")
+        if gate is not None:
+            n_ff = gate.shape[1]
+        self.cfg = dataclasses.replace(cfg, traits=traits, n_ff=n_ff, n_layer=1)
+
+        def need(role: str, shape):
+            name = src.names[role]
+            return _expect(src.get(name), f"{src.label}: {name}", shape)
+
+        self.enorm = backend.vector(need("enorm", (E,)))
+        self.hnorm = backend.vector(need("hnorm", (E,)))
+        self.eh_proj = backend.linear_weight([need("eh_proj", (2 * E, E))])
+        self.output_norm = backend.vector(need("output_norm", (E,)))
+        self.block = load_block(backend, self.cfg, src.get, src.block_prefix)
+        self.runner = BlockRunner(backend, self.cfg)
+
+    def new_cache(self, max_ctx: int, kind: str) -> KVCache:
+        c = self.cfg
+        return KVCache(self.b.xp, 1, c.n_head_kv, c.head_dim, max_ctx, kind)
+
+    def step(self, cache: KVCache, tokens: Any, hidden: Any):
+        """Append draft entries for `tokens` (m,) with main hiddens `hidden` (m, E) (h_{p-1} per x_p).
+
+        Returns (draft hidden (m, E), logits (m, vocab)).
+        """
+        b, c, xp = self.b, self.cfg, self.b.xp
+        e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
+        h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
+        x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
+        span = Span(cache, cache.length, int(x.shape[0]))
+        cache.ensure(span.start + span.count)
+        out = self.runner.block(self.block, 0, x, [span], positions_of(xp, [span]))
+        cache.length = span.start + span.count
+        normed = b.rms_norm(out, self.output_norm, c.rms_eps)
+        return normed, self.target.logits(normed)
+
+    def state_bytes(self, max_ctx: int, kind: str) -> int:
+        """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""
+        c = self.cfg
+        per_tok = 2 * c.n_head_kv * c.head_dim * (2 if kind == "f16" else 1)
+        if kind == "int8":
+            per_tok += 2 * c.n_head_kv * 4
+        buffers = 4 * (3 * c.n_embd + self.target.n_vocab) * 8  # per-step activations, logits
+        return per_tok * max_ctx + buffers

@@ -1,0 +1,52 @@
+"""Speculative verification: which drafted tokens the target keeps.
+
+Given the target's distributions p_0..p_k over one window [x, d_1..d_k] (p_j predicts the
+token after position j) and the draft's distributions q_1..q_k that d_1..d_k were drawn
+from, returns the accepted drafts plus one token from the target. Greedy is the special
+case where every distribution is one-hot, so the same code serves both and the output
+distribution is exactly the target's (rejection sampling: accept d with probability
+min(1, p(d)/q(d)); on rejection draw from normalize(max(0, p - q)); if all are accepted,
+draw the extra token from p_k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from strata.sampling import sample_from
+
+
+@dataclass
+class Verdict:
+    accepted: int  # number of drafts kept (0..k)
+    tokens: list[int]  # the kept drafts followed by the target's own next token
+
+
+def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarray],
+           rng: np.random.Generator, greedy: bool) -> Verdict:
+    k = len(drafts)
+    out: list[int] = []
+    for j in range(k):
+        d = int(drafts[j])
+        pj = p[j]
+        if greedy:
+            y = int(np.argmax(pj))
+            if y != d:
+                return Verdict(j, out + [y])
+            out.append(d)
+            continue
+        qd = float(q[j][d])
+        ratio = 1.0 if qd <= 0.0 else min(1.0, float(pj[d]) / qd)
+        if rng.random() < ratio:
+            out.append(d)
+            continue
+        residual = np.maximum(pj - q[j], 0.0)
+        total = residual.sum()
+        nxt = sample_from(residual / total, rng) if total > 0 else sample_from(pj, rng)
+        return Verdict(j, out + [nxt])
+    last = p[k]
+    nxt = int(np.argmax(last)) if greedy else sample_from(last, rng)
+    return Verdict(k, out + [nxt])

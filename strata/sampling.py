@@ -1,0 +1,66 @@
+"""Turning logits into tokens.
+
+`distribution()` gives the exact probability vector a request samples from (temperature,
+then top-k, top-p and min-p filters, renormalised). Speculative verification needs that
+vector itself, not just a sample, so sampling and rejection sampling share it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.engine.protocol import SamplingParams
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature <= 0.0 or params.top_k == 1
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64) - float(np.max(logits))
+    return z - np.log(np.sum(np.exp(z)))
+
+
+def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Probabilities (float64, sums to 1) that `params` samples from; one-hot when greedy."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if is_greedy(params):
+        p = np.zeros_like(logits)
+        p[int(np.argmax(logits))] = 1.0
+        return p
+    z = logits / params.temperature
+    keep = np.ones(z.shape, dtype=bool)
+    if params.top_k and params.top_k < z.size:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        keep &= z >= kth
+    z = np.where(keep, z, -np.inf)
+    p = np.exp(z - np.max(z))
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        cut = int(np.searchsorted(cum, params.top_p, side="left")) + 1
+        mask = np.zeros(p.shape, dtype=bool)
+        mask[order[:cut]] = True
+        p = np.where(mask, p, 0.0)
+    if params.min_p > 0.0:
+        p = np.where(p >= params.min_p * p.max(), p, 0.0)
+    return p / p.sum()
+
+
+def sample_from(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from probability vector p (inverse CDF: one uniform per draw, reproducible)."""
+    cdf = np.cumsum(p)
+    u = rng.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), p.size - 1))
+
+
+def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    if is_greedy(params):
+        return int(np.argmax(logits))
+    return sample_from(distribution(logits, params), rng)
+
+
+def make_rng(params: SamplingParams) -> np.random.Generator:
+    return np.random.default_rng(params.seed)
