@@ -217,3 +217,14 @@ def test_llama_cpp_loads_synthetic_packs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 4 and all(line.split()[1] == "49152" for line in lines)
+
+
+def test_presets_plan_cleanly_and_smollm_matches_the_test_model(test_model):
+    from strata.pack.synth import check_spec, plan_tensors
+    for name, spec in PRESETS.items():
+        check_spec(spec, plan_tensors(spec))  # every preset's types fit its rows
+    plans = {p.name: (p.ne, p.gtype.name) for p in plan_tensors(PRESETS["smollm"])}
+    real = {n: (t.shape, t.type.name) for n, t in test_model.tensors.items()}
+    assert plans == real
+    full = PRESETS["seed-moe-full"]
+    assert (full.n_embd, full.n_layer, full.n_expert, full.n_expert_used, full.expert_ff) == (2048, 48, 128, 8, 640)
