@@ -346,3 +346,8 @@ def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] |
         if split > 1:
             rep.notes.append(f"{path}: windows of {cols} columns run as up to {split} native launches each")
     return rep
+
+
+def tensor_map(infos: Mapping[str, object]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """name -> (ggml type id, shape) from a pack's or draft's TensorInfo mapping."""
+    return {name: (int(t.ggml_type), tuple(t.shape)) for name, t in infos.items()}

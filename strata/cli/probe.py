@@ -1,0 +1,79 @@
+"""`strata probe [engine flags] [--json]`: the start-up capability probe, printed in full.
+
+Opens the pack (and the MTP draft: --mtp FILE|DIR, else nextn tensors in the pack), builds the
+native kernel table for the chosen backend (--device; minus --no-native types) and shows, for
+every tensor role x type, whether each path that uses it (decode / verify / draft) runs on a
+native kernel, the generic dequantize+matmul path, or cannot run; then the batch-MTP decision
+per slot. Exit 0, or 2 when some tensor cannot run at all (the engine would refuse the pack).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from strata.engine.options import EngineOptions, add_engine_arguments
+from strata.kernels.native_table import resolve_backend, table_for_backend
+from strata.kernels.probe import run_probe, tensor_map
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser, serving=False)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _free_device_bytes(backend: str) -> int | None:
+    if backend != "cuda":
+        return None
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.memGetInfo()[0])
+    except Exception:  # no device at all: the table already says cuda is not built
+        return None
+
+
+def open_model(opts: EngineOptions):
+    """(pack, draft source or None) as the engine opens them."""
+    from strata.mtp.draft import find_draft
+    from strata.pack.loader import open_pack
+
+    pack_arg = opts.pack
+    if pack_arg is None and opts.native is None:
+        from strata.defaults import default_model_path
+
+        pack_arg = str(default_model_path())
+    pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
+    return pack, find_draft(opts.mtp, pack)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = EngineOptions.from_namespace(args)
+    backend = resolve_backend(opts.device)
+    table = table_for_backend(backend, opts.no_native_types())
+    pack, draft = open_model(opts)
+    try:
+        rep = run_probe(tensor_map(pack.tensors), tensor_map(draft.tensors) if draft else None, opts,
+                        backend, table, free_bytes=_free_device_bytes(backend))
+    finally:
+        pack.close()
+    if args.json:
+        out = rep.to_json()
+        out["pack"] = pack.label
+        out["draft"] = draft.label if draft else None
+        out["unavailable"] = table.unavailable
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"pack {pack.label}; draft: {draft.label if draft else 'none'}; backend {backend}; "
+              f"{rep.parallel} slot(s), --spec {rep.spec}")
+        for b, why in table.unavailable.items():
+            print(f"{b}: {why}")
+        print(rep.format_table())
+        for note in rep.notes:
+            print(f"note: {note}")
+        lines = rep.startup_lines()
+        if not rep.batch_mtp_requested:
+            lines.append("strata probe: batch-MTP not requested (--batch-mtp)")
+        for line in lines:
+            print(line)
+    return 0 if rep.can_run else 2
