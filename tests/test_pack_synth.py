@@ -204,7 +204,8 @@ def test_llama_cpp_loads_synthetic_packs(tmp_path):
     paths = []
     for arch in ("llama", "qwen2", "qwen3"):
         paths.append(str(_synth(tmp_path / arch, TINY[arch])[1][0]))
-    paths.append(str(_synth(tmp_path / "moe", PRESETS["seed-moe"])[1][0]))
+    # seed-moe (Q2_0, IQ3_S, IQ3_XXS, IQ4_NL experts) as a split pack: llama.cpp opens shard 1
+    paths.append(str(_synth(tmp_path / "moe", PRESETS["seed-moe"], shards=2, name="IQ3_S")[1][0]))
     code = (
         "import sys, llama_cpp\n"
         "for p in sys.argv[1:]:\n"
