@@ -164,3 +164,19 @@ def test_bad_shapes_raise():
         mmvq(9, w, np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match="expert id"):
         mmvq_experts(q40, w[None], np.array([[1]]), np.zeros((1, 64), np.float32))
+
+
+def test_activation_codes_agree_with_ggml_reference_quantizer():
+    # strata.kernels.quantize follows ggml's CPU reference (x * (1/d), f16 d and s); the kernels
+    # divide (x / d) and keep d, s in float32. Codes may differ only where x/d sits on a rounding
+    # boundary; d only by its f16 rounding.
+    from strata.kernels.quantize import quantize_q8_1
+
+    rng = np.random.default_rng(9)
+    x = _activations(rng, 4, 1024)
+    a = quantize_activations(x)
+    ref = quantize_q8_1(x).reshape(4, 32, 36)
+    ref_d = ref[:, :, 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+    ref_q = ref[:, :, 4:36].copy().view(np.int8).reshape(4, 1024)
+    assert (a.q != ref_q).mean() < 1e-3 and np.abs(a.q.astype(int) - ref_q).max() <= 1
+    np.testing.assert_allclose(a.d, ref_d, rtol=2 ** -11)

@@ -216,3 +216,24 @@ def test_json_round_trip(table):
     group = [g for g in data["groups"] if g["role"] == "blk.*.ffn_down_exps" and g["type"] == "Q2_0"]
     assert group and group[0]["count"] == N_LAYER // 2 and group[0]["verify"] == GENERIC
     assert data["lines"] == rep.startup_lines()
+
+
+def test_float_matrices_never_block_and_unbuilt_backend_is_named():
+    from strata.kernels.native_table import NativeTable
+
+    table = NativeTable()  # a backend with no native rows at all
+    table.register("cuda", T("Q4_K"), 8, lambda w, x: None, "test")
+    tensors = {"blk.0.ffn_gate_inp.weight": (T("F32"), (N_EMBD, N_EXPERT)),
+               "blk.0.attn_q.weight": (T("Q4_K"), (N_EMBD, N_EMBD)),
+               "output.weight": (T("F16"), (N_EMBD, N_VOCAB))}
+    draft = {"mtp.eh_proj.weight": (T("BF16"), (2 * N_EMBD, N_EMBD))}
+    rep = run_probe(tensors, draft, opts(), "cuda", table)
+    assert all(s.batch_mtp for s in rep.slots)
+    router = next(t for t in rep.tensors if t.role == "blk.*.ffn_gate_inp")
+    assert router.paths["verify"].status == NATIVE and router.paths["verify"].why == "float matmul"
+
+    empty = NativeTable()
+    empty.unavailable["cuda"] = "not built: no CUDA device"
+    rep = run_probe(tensors, draft, opts(), "cuda", empty)
+    assert rep.slots[0].tensors == ["blk.0.attn_q.weight"]
+    assert "cuda kernels not built: no CUDA device" in rep.startup_lines()[0]

@@ -27,6 +27,7 @@ from strata.kernels.native_table import NativeTable
 
 NATIVE, GENERIC, CANNOT_RUN = "native", "generic", "cannot run"
 PATHS = ("decode", "verify", "draft")
+FLOAT_MATMUL_TYPES = frozenset({"F32", "F16", "BF16"})
 
 # reason code -> the words of the start-up line (the code is what metrics carry)
 REASONS: dict[str, str] = {
@@ -129,6 +130,9 @@ def _classify(table: NativeTable, backend: str, type_id: int, op: str, ncols: in
     k = table.lookup(backend, type_id)
     if k is not None:
         return PathStatus(NATIVE, ncols, k.launches(ncols))
+    if t.name in FLOAT_MATMUL_TYPES:
+        # a float matrix needs no quantized kernel: every backend's float matmul takes any width
+        return PathStatus(NATIVE, ncols, why="float matmul")
     if dequantizable(type_id):
         return PathStatus(GENERIC, ncols, why=f"no native MMVQ kernel for {t.name} on {backend}")
     return PathStatus(CANNOT_RUN, ncols, why=f"no native kernel and no dequantizer for {t.name}")
@@ -329,6 +333,8 @@ def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] |
         kinds = {r.paths.get("verify", r.paths.get("draft")).status for r in blockers}
         why = f"no native MMVQ kernel on {backend}" if kinds == {GENERIC} else \
             f"no native MMVQ kernel on {backend}; some cannot run at all"
+        if backend in table.unavailable and not table.kernels(backend):
+            why += f"; {backend} kernels {table.unavailable[backend]}"
         rep.slots = all_slots("no_native_kernel", [r.name for r in blockers],
                               groups=group_tensors(blockers), why=why)
     else:
