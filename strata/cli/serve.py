@@ -1,0 +1,26 @@
+"""`strata serve [--config FILE] [--host H] [--port P]`: the OpenAI-compatible server, which
+runs `strata engine` as a supervised child process. Without a config it serves the bundled
+test model (SmolLM2-135M-Instruct) on 127.0.0.1:8080."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="JSON config (comments allowed); see docs/SERVER.md")
+    parser.add_argument("--host", help="listen address (overrides the config)")
+    parser.add_argument("--port", type=int, help="listen port (overrides the config; 0 picks a free port)")
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.server.config import load_config, with_overrides
+    from strata.server.supervisor import run_server
+
+    cfg = with_overrides(load_config(args.config, warn=_warn), host=args.host, port=args.port)
+    return run_server(cfg)

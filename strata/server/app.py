@@ -1,0 +1,404 @@
+"""The OpenAI-compatible API over an engine core (served by the `strata engine` process).
+
+The core generates on its own thread and hands each request a thread-safe queue of
+TokenEvent ... FinishEvent. A small pump thread per request moves those events onto the
+event loop (call_soon_threadsafe), so the loop never blocks on the queue.
+
+While the core loads, /health answers 503 and generation routes answer 503; `attach(core)`
+makes the API ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
+from strata.errors import StrataError
+from strata.server import sse
+from strata.server.common import (ClosingStreamingResponse, Drain, check_api_key, install_error_handlers, read_body,
+                                  wait_for_disconnect)
+from strata.server.errors import APIError, invalid
+from strata.server.metrics import CONTENT_TYPE, EngineMetrics
+from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
+                                   CompletionRequest, check_model_name, parse_json_object, validate)
+
+SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
+
+
+# ---------------------------------------------------------------- events from the core thread
+
+async def core_events(handle: RequestHandle) -> AsyncIterator[TokenEvent | FinishEvent]:
+    """Yield the handle's events on the event loop, ending after the FinishEvent."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.is_set():
+            try:
+                ev = handle.events.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, ev)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                return
+            if isinstance(ev, FinishEvent):
+                return
+
+    threading.Thread(target=pump, name="strata-events", daemon=True).start()
+    try:
+        while True:
+            ev = await inbox.get()
+            yield ev
+            if isinstance(ev, FinishEvent):
+                return
+    finally:
+        stop.set()
+
+
+# ---------------------------------------------------------------- one request being served
+
+@dataclass
+class _Job:
+    """A validated request, tokenized and submitted."""
+
+    kind: str  # "chat" | "completion"
+    handle: RequestHandle
+    prompt_tokens: int
+    logprobs: bool
+    top_logprobs: int
+    include_usage: bool
+    echo_text: str = ""
+    finished: bool = False  # the FinishEvent arrived (nothing left to cancel)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _usage(fin: FinishEvent) -> dict[str, int]:
+    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
+            "total_tokens": fin.prompt_tokens + fin.completion_tokens}
+
+
+class EngineAPI:
+    """State of the engine's HTTP API: the core (None while loading), auth, metrics, drain."""
+
+    def __init__(self, *, model_name: str | None = None, api_key: str | None = None,
+                 max_request_bytes: int = 16 * 1024 * 1024, max_queued: int | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.core: Any = None
+        self.failure: str | None = None
+        self._model_name = model_name
+        self.api_key = api_key
+        self.max_request_bytes = max_request_bytes
+        self.max_queued = max_queued
+        self.log = log
+        self.metrics = EngineMetrics(lambda: self.core)
+        self.drain = Drain()
+        self.live: set[RequestHandle] = set()
+        self.created = int(time.time())
+        self.app = self._build()
+
+    # ------------------------------------------------------------ life cycle
+    def attach(self, core: Any) -> None:
+        self.core = core
+
+    @property
+    def model_name(self) -> str:
+        if self._model_name:
+            return self._model_name
+        return self.core.model_name if self.core is not None else "strata"
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Refuse new requests now; end the ones still running when the grace period ends."""
+        self.drain.begin(grace_s)
+        asyncio.get_running_loop().create_task(self._end_live_after_grace())
+
+    async def _end_live_after_grace(self) -> None:
+        await self.drain.expired.wait()
+        for handle in list(self.live):
+            handle.cancel()
+
+    def _ready_core(self):
+        self.drain.refuse_if_draining()
+        if self.core is None:
+            why = self.failure or "the engine is loading"
+            raise APIError("unavailable_error", why, code="loading" if self.failure is None else "unavailable")
+        return self.core
+
+    # ------------------------------------------------------------ building requests
+    def _prompt_ids(self, core, req) -> tuple[list[int], str]:
+        """Token ids of the prompt, and the text to echo (completions with echo)."""
+        tok = core.tokenizer
+        try:
+            if isinstance(req, ChatCompletionRequest):
+                text = core.chat.render(req.message_dicts(), add_generation_prompt=True)
+                return list(tok.encode(text, add_special=True)), ""
+            prompt = req.single_prompt()
+            if isinstance(prompt, str):
+                return list(tok.encode(prompt, add_special=True, parse_special=True)), prompt
+            return list(prompt), tok.decode(prompt) if req.echo else ""
+        except StrataError as e:
+            raise invalid(e.message, param="messages" if isinstance(req, ChatCompletionRequest) else "prompt") from None
+
+    def _submit(self, core, req, kind: str) -> _Job:
+        ids, echo_text = self._prompt_ids(core, req)
+        n_ctx = int(core.n_ctx)
+        if len(ids) >= n_ctx:
+            raise _overflow(len(ids), n_ctx)
+        if isinstance(req, ChatCompletionRequest):
+            requested = req.requested_max_tokens()
+            logprobs, top = req.logprobs, (req.top_logprobs or 0)
+        else:
+            requested = req.max_tokens if req.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+            logprobs, top = req.logprobs is not None, (req.logprobs or 0)
+        room = n_ctx - len(ids)
+        max_tokens = room if requested is None else min(requested, room)
+        params = req.sampling(max_tokens, logprobs=logprobs, top_logprobs=top)
+        if self.max_queued is not None and core.queue_depth() >= self.max_queued:
+            raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
+                           code="queue_full")
+        try:
+            handle = core.submit(GenerationRequest(prompt_ids=ids, params=params))
+        except StrataError as e:
+            if hasattr(e, "n_prompt_tokens"):
+                raise _overflow(e.n_prompt_tokens, getattr(e, "n_ctx", n_ctx)) from None
+            raise invalid(e.message) from None
+        return _Job(kind, handle, len(ids), logprobs, top, req.include_usage(),
+                    echo_text=echo_text if getattr(req, "echo", False) else "")
+
+    # ------------------------------------------------------------ logprobs in both formats
+    def _token_str(self, token_id: int) -> tuple[str, list[int]]:
+        raw = bytes(self.core.tokenizer.token_bytes(token_id))
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def _chat_logprob(self, ev: TokenEvent) -> dict[str, Any]:
+        text, raw = self._token_str(ev.token_id)
+        tops = []
+        for t in ev.top_logprobs or []:
+            t_text, t_raw = self._token_str(t.token_id)
+            tops.append({"token": t_text, "logprob": t.logprob, "bytes": t_raw})
+        return {"token": text, "logprob": ev.logprob, "bytes": raw, "top_logprobs": tops}
+
+    def _legacy_logprobs(self, events: list[TokenEvent], offset0: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = offset0
+        for ev in events:
+            text, _ = self._token_str(ev.token_id)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(ev.logprob)
+            out["top_logprobs"].append({self._token_str(t.token_id)[0]: t.logprob for t in ev.top_logprobs or []})
+            out["text_offset"].append(offset)
+            offset += len(ev.text)
+        return out
+
+    # ------------------------------------------------------------ responses
+    def _outcome(self, endpoint: str, fin: FinishEvent) -> None:
+        self.metrics.finished(endpoint, fin.reason, fin.prompt_tokens, fin.completion_tokens)
+
+    def _ended_error(self, fin: FinishEvent) -> APIError | None:
+        """The error to report for a generation that did not end normally."""
+        if fin.reason == "error":
+            return APIError("server_error", fin.error or "generation failed")
+        if fin.reason == "cancelled" and self.drain.expired.is_set():
+            return APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
+        return None
+
+    async def _complete(self, request: Request, job: _Job, endpoint: str) -> Response:
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job.handle))
+        texts: list[str] = []
+        tokens: list[TokenEvent] = []
+        fin: FinishEvent | None = None
+        try:
+            async for ev in core_events(job.handle):
+                if isinstance(ev, FinishEvent):
+                    fin = ev
+                else:
+                    texts.append(ev.text)
+                    if job.logprobs:
+                        tokens.append(ev)
+        finally:
+            watcher.cancel()
+            self.live.discard(job.handle)
+            if fin is None:
+                job.handle.cancel()
+        self._outcome(endpoint, fin)
+        err = self._ended_error(fin)
+        if err is not None:
+            raise err
+        text = "".join(texts) + fin.text_tail
+        if job.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": {"content": [self._chat_logprob(t) for t in tokens]} if job.logprobs else None,
+                      "finish_reason": fin.reason}
+            body = {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": job.created,
+                    "model": self.model_name, "choices": [choice], "usage": _usage(fin)}
+        else:
+            choice = {"index": 0, "text": job.echo_text + text,
+                      "logprobs": self._legacy_logprobs(tokens, len(job.echo_text)) if job.logprobs else None,
+                      "finish_reason": fin.reason}
+            body = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": job.created,
+                    "model": self.model_name, "choices": [choice], "usage": _usage(fin)}
+        return JSONResponse(body)
+
+    def _chunk(self, job: _Job, delta_text: str | None, finish: str | None, lp: list[TokenEvent],
+               role: bool = False) -> bytes:
+        if job.kind == "chat":
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if delta_text is not None:
+                delta["content"] = delta_text
+            choice = {"index": 0, "delta": delta,
+                      "logprobs": {"content": [self._chat_logprob(t) for t in lp]} if lp else None,
+                      "finish_reason": finish}
+            obj = {"id": f"chatcmpl-{job.id}", "object": "chat.completion.chunk", "created": job.created,
+                   "model": self.model_name, "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": delta_text or "",
+                      "logprobs": self._legacy_logprobs(lp, 0) if lp else None, "finish_reason": finish}
+            obj = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": job.created,
+                   "model": self.model_name, "choices": [choice]}
+        if job.include_usage:
+            obj["usage"] = None
+        return sse.event(obj)
+
+    async def _stream(self, job: _Job, endpoint: str) -> AsyncIterator[bytes]:
+        pending_lp: list[TokenEvent] = []  # logprobs of tokens whose text is still held back
+        fin: FinishEvent | None = None
+        try:
+            if job.kind == "chat":
+                yield self._chunk(job, "", None, [], role=True)
+            elif job.echo_text:
+                yield self._chunk(job, job.echo_text, None, [])
+            async for ev in core_events(job.handle):
+                if isinstance(ev, FinishEvent):
+                    fin = ev
+                    job.finished = True
+                    break
+                if job.logprobs:
+                    pending_lp.append(ev)
+                if ev.text:
+                    yield self._chunk(job, ev.text, None, pending_lp)
+                    pending_lp = []
+            self._outcome(endpoint, fin)
+            err = self._ended_error(fin)
+            if err is not None:
+                yield sse.error_and_done(err.message, err.type, err.code)
+                return
+            if fin.text_tail or pending_lp:
+                yield self._chunk(job, fin.text_tail, None, pending_lp)
+            yield self._chunk(job, None if job.kind == "chat" else "", fin.reason, [])
+            if job.include_usage:
+                usage_obj = {"id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
+                             "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+                             "created": job.created, "model": self.model_name, "choices": [],
+                             "usage": _usage(fin)}
+                yield sse.event(usage_obj)
+            yield sse.DONE
+        finally:
+            # a client that went away cancels its generation and frees its slot at once
+            await self._release_job(job)()
+
+    def _release_job(self, job: _Job):
+        async def release() -> None:
+            self.live.discard(job.handle)
+            if not job.finished:
+                job.handle.cancel()
+        return release
+
+    async def _generate(self, request: Request, model_cls, endpoint: str) -> Response:
+        check_api_key(request, self.api_key)
+        raw = await read_body(request, self.max_request_bytes)
+        req = validate(model_cls, parse_json_object(raw))
+        core = self._ready_core()
+        check_model_name(req.model, self.model_name)
+        try:
+            job = self._submit(core, req, "chat" if model_cls is ChatCompletionRequest else "completion")
+        except APIError as e:
+            self.metrics.finished(endpoint, "rejected")
+            raise e
+        self.live.add(job.handle)
+        if req.stream:
+            return ClosingStreamingResponse(self._stream(job, endpoint), self._release_job(job),
+                                            media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        return await self._complete(request, job, endpoint)
+
+    # ------------------------------------------------------------ routes
+    def _build(self) -> FastAPI:
+        app = FastAPI(title="strata engine", docs_url=None, redoc_url=None, openapi_url=None)
+        install_error_handlers(app, self.log)
+
+        @app.get("/health")
+        async def health():
+            if self.core is None or self.drain.draining:
+                state = "shutting_down" if self.drain.draining else ("failed" if self.failure else "loading")
+                why = {"loading": "the engine is loading", "failed": self.failure or "",
+                       "shutting_down": "the server is shutting down"}[state]
+                body = APIError("unavailable_error", why, code=state).body()
+                body["status"] = state
+                return JSONResponse(body, status_code=503)
+            return {"status": "ok"}
+
+        @app.get("/metrics")
+        async def metrics(request: Request):
+            check_api_key(request, self.api_key)
+            return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+        @app.get("/v1/models")
+        async def models(request: Request):
+            check_api_key(request, self.api_key)
+            self._ready_core()
+            return {"object": "list", "data": [self._model_card()]}
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(model_id: str, request: Request):
+            check_api_key(request, self.api_key)
+            self._ready_core()
+            check_model_name(model_id, self.model_name)
+            return self._model_card()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            return await self._generate(request, ChatCompletionRequest, "chat")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await self._generate(request, CompletionRequest, "completions")
+
+        return app
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "strata",
+                "meta": {"n_ctx": int(self.core.n_ctx), "parallel": int(self.core.parallel)}}
+
+
+def _overflow(n_prompt: int, n_ctx: int) -> APIError:
+    return APIError("exceed_context_size_error",
+                    f"the prompt has {n_prompt} tokens; the context holds {n_ctx}",
+                    param="messages", code="exceed_context_size_error",
+                    extra={"n_prompt_tokens": int(n_prompt), "n_ctx": int(n_ctx)})
+
+
+async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
+    await wait_for_disconnect(request)
+    handle.cancel()
+
+
+def create_app(core: Any = None, **kwargs) -> FastAPI:
+    """An API app; with `core` given it is ready at once (tests), else call attach() later."""
+    api = EngineAPI(**kwargs)
+    if core is not None:
+        api.attach(core)
+    app = api.app
+    app.state.api = api
+    return app

@@ -1,0 +1,150 @@
+"""HTTP pieces shared by the engine's API app and the `strata serve` proxy: API-key check,
+bounded body reading, OpenAI-shaped error handlers, draining on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import sys
+import traceback
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from strata.server.errors import APIError, error_for_status
+
+# Past the limit the body is read and dropped (so the client sees our 413, not a reset
+# connection) up to this many bytes; beyond that the connection is simply answered and closed.
+DISCARD_LIMIT = 64 * 1024 * 1024
+
+
+def check_api_key(request: Request, api_key: str | None) -> None:
+    if not api_key:
+        return
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise APIError("authentication_error", "missing API key: send 'Authorization: Bearer <key>'",
+                       code="invalid_api_key")
+    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise APIError("authentication_error", "invalid API key", code="invalid_api_key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    too_large = APIError("request_too_large_error", f"the request body is larger than {limit} bytes",
+                         code="request_too_large")
+    if declared.isdigit() and int(declared) > DISCARD_LIMIT:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > DISCARD_LIMIT:
+            break
+    if size > limit:
+        raise too_large
+    return b"".join(chunks)
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client goes away (call after the body has been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always runs `cleanup`, even when the client leaves before the
+    body iterator started (then the iterator's own `finally` never runs)."""
+
+    def __init__(self, content, cleanup, **kwargs):
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
+def install_error_handlers(app: FastAPI, log=None) -> None:
+    async def api_error(_request: Request, exc: APIError):
+        return exc.response()
+
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            message = f"unknown route: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_for_status(exc.status_code, message).response(headers=getattr(exc, "headers", None))
+
+    async def unexpected(_request: Request, exc: Exception):
+        (log or _stderr)("strata: internal error:\n" + "".join(traceback.format_exception(exc)).rstrip())
+        return APIError("server_error", f"internal error: {type(exc).__name__}: {exc}").response()
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Drain:
+    """Shutdown in two steps: `begin(grace)` refuses new work at once; when the grace period
+    ends, `expired` is set and whatever is still running is ended cleanly."""
+
+    def __init__(self):
+        self.draining = False
+        self.expired = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def begin(self, grace_s: float) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(max(grace_s, 0.0), self.expired.set)
+
+    def refuse_if_draining(self) -> None:
+        if self.draining:
+            raise APIError("unavailable_error", "the server is shutting down", code="shutting_down")
+
+
+async def first_of(awaitable, events: dict[str, asyncio.Event], timeout: float | None = None):
+    """Await `awaitable`, unless one of `events` fires first or `timeout` passes.
+
+    Returns ("done", result) or (event name, None) or ("timeout", None). The awaitable is
+    cancelled when it loses. Exceptions of the awaitable propagate."""
+    task = asyncio.ensure_future(awaitable)
+    waiters = {asyncio.ensure_future(ev.wait()): name for name, ev in events.items()}
+    try:
+        done, _ = await asyncio.wait({task, *waiters}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        for w in waiters:
+            w.cancel()
+    if task in done:
+        return "done", task.result()
+    task.add_done_callback(_ignore_outcome)  # the loser's outcome does not matter
+    task.cancel()
+    for w, name in waiters.items():
+        if w in done:
+            return name, None
+    return "timeout", None
+
+
+def _ignore_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()

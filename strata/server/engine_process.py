@@ -1,0 +1,124 @@
+"""The `strata engine` process: bind the port, serve the API (503 while loading), load the
+engine core on a thread, and leave when the parent server is gone.
+
+A supervised engine (started by `strata serve`) watches its stdin, a pipe from the server:
+end-of-file means the server died, even by SIGKILL, and the engine exits at once. This
+works on Windows too; on Linux PR_SET_PDEATHSIG is set as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+import traceback
+from typing import Callable
+
+from strata.engine.options import EngineOptions
+from strata.errors import StrataError
+from strata.server.app import EngineAPI
+from strata.server.serving import bind, request_exit, serve
+
+# environment set by `strata serve` for its engine child
+ENV_PARENT_WATCH = "STRATA_PARENT_WATCH"  # "stdin": exit when stdin reaches end-of-file
+ENV_PARENT_PID = "STRATA_PARENT_PID"
+ENGINE_DRAIN_S = 30.0
+
+
+def log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _exit_now(log: Callable[[str], None], why: str) -> None:
+    log(f"strata engine: {why}; exiting")
+    os._exit(0)
+
+
+def _set_pdeathsig() -> None:
+    """Linux: have the kernel kill us when the parent dies (best effort; stdin EOF is the main guard)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except Exception:  # noqa: BLE001 - optional hardening
+        pass
+
+
+def watch_parent(log: Callable[[str], None]) -> None:
+    if os.environ.get(ENV_PARENT_WATCH) != "stdin":
+        return
+    _set_pdeathsig()
+    expected = os.environ.get(ENV_PARENT_PID, "")
+    if expected.isdigit() and hasattr(os, "getppid") and sys.platform != "win32" and os.getppid() != int(expected):
+        _exit_now(log, "the server that started this engine is already gone")
+
+    def wait_eof() -> None:
+        stream = sys.stdin.buffer if sys.stdin is not None else None
+        if stream is None:
+            return
+        with contextlib.suppress(Exception):
+            while stream.read(4096):
+                pass
+        _exit_now(log, "the server that started this engine is gone (stdin closed)")
+
+    threading.Thread(target=wait_eof, name="strata-parent-watch", daemon=True).start()
+
+
+def load_core(opts: EngineOptions, log: Callable[[str], None]):
+    try:
+        from strata.engine.core import EngineCore
+    except ImportError as e:
+        raise StrataError(f"the engine core is not available in this build ({e})") from None
+    return EngineCore.load(opts, log=log)
+
+
+def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loader=load_core) -> int:
+    """Serve the API on opts.host:opts.port; `loader(opts, log)` builds the core (on a thread)."""
+    watch_parent(log)  # (start-up warnings for flags are printed by the core's loader)
+    api = EngineAPI(model_name=opts.alias, api_key=opts.api_key, log=log,
+                    max_queued=getattr(opts, "max_queued", None))
+    app = api.app
+    failure: list[BaseException] = []
+    loaded: dict = {}
+
+    def load() -> None:
+        try:
+            core = loader(opts, log)
+            core.start()
+            loaded["core"] = core
+            api.attach(core)
+            log(f"strata engine: ready: model {api.model_name}, {core.parallel} slot(s), context {core.n_ctx}")
+        except BaseException as e:  # noqa: BLE001 - reported after the server stops
+            api.failure = e.message if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
+            failure.append(e)
+            request_exit(app)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=load, name="strata-load", daemon=True).start()
+        yield
+        core = loaded.get("core")
+        if core is not None:
+            await loop.run_in_executor(None, core.stop)
+
+    app.router.lifespan_context = lifespan
+    sock = bind(opts.host, opts.port)
+    host, port = sock.getsockname()[:2]
+    log(f"strata engine: listening on http://{host}:{port} (loading the model)")
+
+    serve(app, sock, on_signal=lambda: api.begin_drain(ENGINE_DRAIN_S), graceful_timeout_s=ENGINE_DRAIN_S + 5)
+    if failure:
+        e = failure[0]
+        if isinstance(e, StrataError):
+            raise e
+        log("strata engine: internal error while loading:\n" + "".join(traceback.format_exception(e)).rstrip())
+        return 1
+    return 0

@@ -1,0 +1,118 @@
+"""Prometheus metrics (prometheus-client), one registry per app so several apps can live in
+one process (tests) without clashing.
+
+Engine process (`strata engine`): request outcomes and token counts are counted by the API
+layer; slots, queue, MTP and batch-MTP counters are read from the engine core at scrape time.
+Server process (`strata serve`): its own `strata_server_*` metrics, followed by the engine's
+text (fetched from the engine) so one scrape sees both.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# `*_created` timestamps double the exposition and nobody here reads them
+disable_created_metrics()
+
+# per-slot MTP counters: key in core.metrics() -> (metric name, help)
+MTP_SLOT_COUNTERS: dict[str, tuple[str, str]] = {
+    "windows": ("strata_mtp_windows", "MTP verify windows run, per slot"),
+    "drafted": ("strata_mtp_drafted_tokens", "tokens drafted by MTP, per slot"),
+    "accepted": ("strata_mtp_accepted_tokens", "drafted tokens accepted by verification, per slot"),
+}
+
+
+def _per_slot(metrics: dict[str, Any], key: str) -> list[float]:
+    """Accept either {"mtp_<key>": [per slot]} or {"slots": [{"<key>": n}, ...]}."""
+    direct = metrics.get(f"mtp_{key}")
+    if isinstance(direct, (list, tuple)):
+        return [float(v) for v in direct]
+    if isinstance(direct, dict):
+        return [float(direct[k]) for k in sorted(direct)]
+    slots = metrics.get("slots") or metrics.get("mtp") or []
+    if isinstance(slots, dict):
+        slots = [slots[k] for k in sorted(slots)]
+    return [float(s.get(f"mtp_{key}", s.get(key, 0))) for s in slots if isinstance(s, dict)]
+
+
+class _CoreCollector:
+    """Reads the engine core's gauges and counters when Prometheus scrapes."""
+
+    def __init__(self, core_getter: Callable[[], Any]):
+        self._core = core_getter
+
+    def describe(self):  # no fixed description: the collector is only called at scrape time
+        return []
+
+    def collect(self) -> Iterable:
+        core = self._core()
+        busy = GaugeMetricFamily("strata_slots_busy", "slots generating now")
+        depth = GaugeMetricFamily("strata_queue_depth", "requests waiting for a slot inside the engine")
+        total = GaugeMetricFamily("strata_slots", "slots (--parallel)")
+        if core is None:
+            yield from (busy, depth, total)
+            return
+        busy.add_metric([], float(core.slots_busy()))
+        depth.add_metric([], float(core.queue_depth()))
+        total.add_metric([], float(core.parallel))
+        yield from (busy, depth, total)
+        m = core.metrics() or {}
+        for key, (name, help_) in MTP_SLOT_COUNTERS.items():
+            fam = CounterMetricFamily(name, help_, labels=["slot"])
+            for slot, v in enumerate(_per_slot(m, key)):
+                fam.add_metric([str(slot)], v)
+            yield fam
+        fb = CounterMetricFamily("strata_batch_mtp_fallbacks", "batched MTP windows that fell back, by reason",
+                                 labels=["reason"])
+        for reason, v in sorted((m.get("batch_mtp_fallbacks") or {}).items()):
+            fb.add_metric([str(reason)], float(v))
+        yield fb
+
+
+class EngineMetrics:
+    def __init__(self, core_getter: Callable[[], Any]):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("strata_requests", "finished API requests by endpoint and outcome",
+                                ["endpoint", "outcome"], registry=self.registry)
+        self.prompt_tokens = Counter("strata_prompt_tokens", "prompt tokens of served requests",
+                                     registry=self.registry)
+        self.completion_tokens = Counter("strata_completion_tokens", "generated tokens of served requests",
+                                         registry=self.registry)
+        self.registry.register(_CoreCollector(core_getter))
+
+    def finished(self, endpoint: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        self.requests.labels(endpoint, outcome).inc()
+        if prompt_tokens:
+            self.prompt_tokens.inc(prompt_tokens)
+        if completion_tokens:
+            self.completion_tokens.inc(completion_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ServerMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("strata_server_requests", "requests answered by strata serve, by outcome",
+                                ["outcome"], registry=self.registry)
+        self.engine_starts = Counter("strata_server_engine_starts", "engine processes started",
+                                     registry=self.registry)
+        self.engine_restarts = Counter("strata_server_engine_restarts",
+                                       "engine processes started after an earlier one stopped or failed",
+                                       registry=self.registry)
+        self.engine_exits = Counter("strata_server_engine_exits", "engine processes that stopped, by kind",
+                                    ["kind"], registry=self.registry)
+        self.engine_up = Gauge("strata_server_engine_up", "1 when the engine is ready", registry=self.registry)
+        self.queued = Gauge("strata_server_queue_depth", "requests waiting in strata serve for an engine slot",
+                            registry=self.registry)
+        self.in_flight = Gauge("strata_server_requests_in_flight", "requests sent to the engine and not finished",
+                               registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,274 @@
+"""Request models for the OpenAI-compatible API, with our own validation.
+
+Validation errors become one 400 that names the field (`messages[0].content: ...`).
+Numbers are strict (a string "5" is not a number) so wrong types are rejected the way
+OpenAI rejects them. Fields we do not act on are either ignored (harmless: `user`) or
+rejected with a clear message when they would change the result (`tools`, `n` != 1).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from strata.engine.protocol import SamplingParams
+from strata.server.errors import APIError, invalid
+
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(_Strict):
+    """Any non-text content part: accepted by the parser, refused with a clear message."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[Union[TextPart, OtherPart]], None] = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, v):
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                if not isinstance(part, TextPart):
+                    raise ValueError(f"content part {i} has type {part.type!r}; only 'text' parts are supported")
+        return v
+
+    def text(self) -> str:
+        """OpenAI list-form content flattened to one string (text parts joined by newlines)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Sampling(_Strict):
+    """Fields shared by chat and completions requests."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0
+    min_p: Probability = 0.0
+    seed: int | None = None
+    n: int = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, v):
+        if v != 1:
+            raise ValueError("only n = 1 is supported")
+        return v
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalties(cls, v):
+        if v != 0:
+            raise ValueError("penalties are not supported (only 0)")
+        return v
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [s for s in stops if s]
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, max_tokens: int, *, logprobs: bool, top_logprobs: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+            min_p=self.min_p, seed=self.seed, stop=self.stop_list(), ignore_eos=self.ignore_eos,
+            logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v):
+        if v:
+            raise ValueError("tools are not supported")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, v):
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError("only response_format type 'text' is supported")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info: ValidationInfo):
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    def requested_max_tokens(self) -> int | None:
+        # max_completion_tokens is the newer name; it wins when both are given
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+PromptType = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(_Sampling):
+    prompt: PromptType
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt is empty")
+            if isinstance(v[0], (str, list)) and len(v) != 1:
+                raise ValueError("only one prompt per request is supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_one(cls, v):
+        if v not in (None, 1):
+            raise ValueError("only best_of = 1 is supported")
+        return v
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return p[0]
+        return p
+
+
+# OpenAI's default for the legacy completions endpoint
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def _field_path(loc: tuple) -> str:
+    """('messages', 0, 'content', 'str') -> 'messages[0].content' (drop pydantic's union tags)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[str]", "list[int]", "list[list[int]]", "int", "float", "bool") or "[" in str(part) or str(part).startswith(("function-", "constrained-")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "body"
+
+
+def _pick_error(errors: list[dict]) -> dict:
+    """Among a union's errors, the deepest one usually names the real problem."""
+    return max(errors, key=lambda e: len(e["loc"]))
+
+
+def _format_validation(err: ValidationError) -> APIError:
+    errors = err.errors(include_url=False)
+    e = _pick_error(errors) if len(errors) > 1 else errors[0]
+    path = _field_path(tuple(e["loc"]))
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if e["type"] == "missing":
+        msg = "required field is missing"
+    elif e["type"] == "extra_forbidden":
+        msg = "unknown field"
+    return invalid(f"{path}: {msg}", param=path)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Parse a request body: 400 for bad JSON or a non-object."""
+    if not raw.strip():
+        raise invalid("the request body is empty; expected a JSON object")
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise invalid("the request body is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise invalid(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(data, dict):
+        raise invalid(f"the request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def validate(model: type[BaseModel], data: dict[str, Any]):
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _format_validation(e) from None
+
+
+# route path -> request model (shared by the engine app and the serve proxy)
+REQUEST_MODELS: dict[str, type[_Sampling]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+}
+
+
+def check_model_name(requested: str | None, served: str) -> None:
+    """404 when a client asks for a model this server does not serve (empty/None means 'any')."""
+    if requested and requested != served:
+        raise APIError("not_found_error", f"model {requested!r} not found; this server serves {served!r}",
+                       param="model", code="model_not_found")

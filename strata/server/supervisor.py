@@ -1,0 +1,587 @@
+"""`strata serve`: run the engine as a child process and proxy the API to it.
+
+Life cycle of the engine child:
+- started when the server starts; /health is 503 until the child's /health says ok;
+- a child that exits before it is ready (bad pack, bad flag: exit 2 with `strata: <reason>`)
+  makes requests fail with 503 and that reason; the next start waits out a growing back-off
+  (1 s, 2 s, 4 s ... 60 s), so a broken config never spins;
+- a child that dies while serving: requests it was running end with 503 ("stopped
+  unexpectedly"), requests queued here end with 503 ("was not sent"); the next request
+  starts a new child;
+- SIGTERM/SIGINT of the server: stop accepting, let running requests finish (up to
+  `shutdown_timeout`, then end them cleanly), stop the child, exit 0.
+
+The queue lives here: at most `parallel` requests are sent to the child at once, at most
+`max_queued` wait; more get 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from strata.server import sse
+from strata.server.common import (ClosingStreamingResponse, Drain, check_api_key, first_of, install_error_handlers, read_body,
+                                  wait_for_disconnect)
+from strata.server.config import ServerConfig
+from strata.server.engine_process import ENV_PARENT_PID, ENV_PARENT_WATCH
+from strata.server.errors import APIError
+from strata.server.metrics import CONTENT_TYPE, ServerMetrics
+from strata.server.schemas import REQUEST_MODELS, parse_json_object, validate
+from strata.server.serving import bind, serve
+
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits after the 1st, 2nd, ... failed start
+STOP_GRACE_S = 10.0  # how long a stopping engine may take before it is killed
+HEALTH_POLL_S = 0.1
+EXIT_SETTLE_S = 5.0  # after a broken upstream connection, how long to wait for the exit code
+
+DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); the next request restarts it"
+WAITED_MESSAGE = "the engine stopped while this request waited; it was not sent; the next request restarts it"
+SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
+
+
+def log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class EngineUnavailable(APIError):
+    def __init__(self, message: str, code: str = "engine_unavailable"):
+        super().__init__("unavailable_error", message, code=code)
+
+
+def _died(code: int | None) -> APIError:
+    return APIError("server_error", DIED_MESSAGE.format(code=code), status=503, code="engine_stopped")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def engine_command() -> list[str]:
+    """How to start `strata engine` with this interpreter."""
+    module = "strata" if importlib.util.find_spec("strata.__main__") else "strata.cli.main"
+    return [sys.executable, "-m", module, "engine"]
+
+
+# ---------------------------------------------------------------- one engine child
+
+class EngineChild:
+    """One engine process: its pipes, its exit, its readiness, its slots."""
+
+    def __init__(self, argv: list[str], port: int, parallel: int, log: Callable[[str], None],
+                 loop: asyncio.AbstractEventLoop):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        self.loop = loop
+        self.exited = asyncio.Event()
+        self.exit_code: int | None = None
+        self.is_ready = False
+        self.reason: str | None = None  # the child's last `strata: <reason>` line
+        self.last_line = ""
+        self.slots = asyncio.Semaphore(parallel)
+        self.ready: asyncio.Future = loop.create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=_child_env(), **_child_flags())
+        self._readers = [threading.Thread(target=self._pipe, args=(s,), daemon=True, name="strata-engine-log")
+                         for s in (self.proc.stdout, self.proc.stderr)]
+        for t in self._readers:
+            t.start()
+        threading.Thread(target=self._wait, daemon=True, name="strata-engine-wait").start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None
+
+    def _pipe(self, stream) -> None:
+        """Forward the child's output to our log line by line; remember its error line."""
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if line.startswith("strata: ") and not line.startswith("strata: warning:"):
+                self.reason = line[len("strata: "):]
+            if line.strip():
+                self.last_line = line.strip()
+            self.log(f"[engine] {line}")
+        stream.close()
+
+    def _wait(self) -> None:
+        code = self.proc.wait()
+        for t in self._readers:  # so the error line is in hand before anyone reads self.reason
+            t.join(timeout=2.0)
+        with contextlib.suppress(RuntimeError):  # loop already closed: the server is gone
+            self.loop.call_soon_threadsafe(self._on_exit, code)
+
+    def _on_exit(self, code: int) -> None:
+        self.exit_code = code
+        self.exited.set()
+
+    def stop_gracefully(self) -> None:
+        if not self.alive:
+            return
+        with contextlib.suppress(OSError):
+            if sys.platform == "win32":
+                self.proc.send_signal(signal.CTRL_BREAK_EVENT)
+            else:
+                self.proc.terminate()
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+
+    async def wait_exit(self, timeout: float) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.exited.wait(), timeout)
+        return self.exited.is_set()
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin:
+                self.proc.stdin.close()
+
+
+def _start_failure_reason(child: EngineChild) -> str:
+    # exit 2 is a user error: the engine's last `strata: <reason>` line says what is wrong
+    if child.exit_code == 2 and child.reason:
+        return child.reason
+    tail = f" (last output: {child.last_line})" if child.last_line else ""
+    return f"it exited with code {child.exit_code}{tail}"
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # `python -m strata` must work even when strata is run from a checkout, not installed
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env[ENV_PARENT_WATCH] = "stdin"
+    env[ENV_PARENT_PID] = str(os.getpid())
+    return env
+
+
+def _child_flags() -> dict[str, Any]:
+    # Own process group / session: a Ctrl-C in the terminal reaches only the server, which
+    # then stops the engine in order (and CTRL_BREAK can target the engine's group on Windows).
+    if sys.platform == "win32":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+# ---------------------------------------------------------------- the supervisor
+
+class Supervisor:
+    def __init__(self, cfg: ServerConfig, log: Callable[[str], None] = log_stderr,
+                 command: list[str] | None = None):
+        self.cfg = cfg
+        self.parallel = cfg.engine_parallel()
+        self.log = log
+        self.command = command or engine_command()
+        self.metrics = ServerMetrics()
+        self.drain = Drain()
+        self.child: EngineChild | None = None
+        self.failures = 0
+        self.retry_at = 0.0
+        self.last_failure: str | None = None
+        self.outstanding = 0  # admitted requests: waiting here or running in the engine
+        self.client: httpx.AsyncClient | None = None
+        self._lock = asyncio.Lock()
+        self._starts = 0
+
+    def engine_argv(self, port: int) -> list[str]:
+        argv = [*self.command, *self.cfg.args, "--parallel", str(self.parallel),
+                "--host", "127.0.0.1", "--port", str(port)]
+        if self.cfg.model:
+            argv += ["--alias", self.cfg.model]
+        return argv
+
+    # ------------------------------------------------------------ starting and stopping
+    async def start(self) -> None:
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        async with self._lock:
+            self._spawn()
+
+    def _spawn(self) -> EngineChild:
+        port = free_port()
+        argv = self.engine_argv(port)
+        if self._starts:
+            self.metrics.engine_restarts.inc()
+            self.log("strata serve: restarting the engine")
+        self._starts += 1
+        self.metrics.engine_starts.inc()
+        child = EngineChild(argv, port, self.parallel, self.log, asyncio.get_running_loop())
+        self.log(f"strata serve: engine pid {child.pid} starting on port {port}")
+        self.child = child
+        asyncio.get_running_loop().create_task(self._watch(child))
+        return child
+
+    async def _watch(self, child: EngineChild) -> None:
+        """Wait for the child to become ready (or fail), then for it to exit."""
+        deadline = child.started_at + self.cfg.startup_timeout
+        while child.alive and not child.ready.done():
+            if time.monotonic() > deadline:
+                child.kill()
+                await child.wait_exit(STOP_GRACE_S)
+                self._start_failed(child, f"the engine did not become ready within {self.cfg.startup_timeout:g} s")
+                break
+            try:
+                r = await self.client.get(child.url + "/health", timeout=2.0)
+                if r.status_code == 200:
+                    child.is_ready = True
+                    self.failures = 0
+                    self.metrics.engine_up.set(1)
+                    child.ready.set_result(child)
+                    self.log(f"strata serve: engine ready (pid {child.pid})")
+                    break
+            except httpx.HTTPError:
+                pass
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(child.exited.wait(), HEALTH_POLL_S)
+        await child.exited.wait()
+        self.metrics.engine_up.set(0)
+        if not child.ready.done():
+            why = _start_failure_reason(child)
+            self._start_failed(child, f"the engine could not start: {why}")
+        elif child.is_ready and not self.drain.draining:
+            self.metrics.engine_exits.labels("crash").inc()
+            self.log(f"strata serve: {DIED_MESSAGE.format(code=child.exit_code)}")
+        else:
+            self.metrics.engine_exits.labels("stopped").inc()
+
+    def _start_failed(self, child: EngineChild, message: str) -> None:
+        if child.ready.done():
+            return
+        self.metrics.engine_exits.labels("start_failure").inc()
+        wait = BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)]
+        self.failures += 1
+        self.retry_at = time.monotonic() + wait
+        self.last_failure = message
+        self.log(f"strata serve: {message} (next attempt in {wait:g} s at the earliest)")
+        child.ready.set_exception(EngineUnavailable(message, code="engine_start_failed"))
+
+    async def stop(self) -> None:
+        child = self.child
+        if child is not None and child.alive:
+            self.log(f"strata serve: stopping the engine (pid {child.pid})")
+            child.stop_gracefully()
+            if not await child.wait_exit(STOP_GRACE_S):
+                child.kill()
+                await child.wait_exit(STOP_GRACE_S)
+        if child is not None:
+            child.close_stdin()
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def ready_child(self, timeout: float | None) -> EngineChild:
+        """The running engine, started (again) if needed; EngineUnavailable when it cannot start."""
+        async with self._lock:
+            child = self.child
+            if child is None or not child.alive:
+                if child is not None and not child.is_ready and time.monotonic() < self.retry_at:
+                    left = self.retry_at - time.monotonic()
+                    raise EngineUnavailable(f"{self.last_failure} (next attempt in {left:.0f} s)",
+                                            code="engine_start_failed")
+                child = self._spawn()
+        if child.ready.done():
+            return child.ready.result()
+        try:
+            return await asyncio.wait_for(asyncio.shield(child.ready), timeout)
+        except asyncio.TimeoutError:
+            raise APIError("timeout_error", "timed out waiting for the engine to start") from None
+
+    # ------------------------------------------------------------ health
+    def health(self) -> tuple[int, dict[str, Any]]:
+        child = self.child
+        if self.drain.draining:
+            state, why = "shutting_down", "the server is shutting down"
+        elif child is not None and child.alive and child.is_ready:
+            return 200, {"status": "ok"}
+        elif child is not None and child.alive:
+            state, why = "loading", "the engine is starting"
+        else:
+            state, why = "unavailable", self.last_failure or "the engine is not running; the next request starts it"
+        body = EngineUnavailable(why, code=state).body()
+        body["status"] = state
+        return 503, body
+
+
+# ---------------------------------------------------------------- the proxy app
+
+class _Lease:
+    """One engine slot held by one request."""
+
+    def __init__(self, sup: Supervisor, child: EngineChild):
+        self.sup, self.child = sup, child
+        self.released = False
+        sup.metrics.in_flight.inc()
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.child.slots.release()
+            self.sup.metrics.in_flight.dec()
+
+
+class ServeApp:
+    def __init__(self, sup: Supervisor):
+        self.sup = sup
+        self.cfg = sup.cfg
+        self.app = self._build()
+
+    def _deadline(self) -> float | None:
+        t = self.cfg.request_timeout
+        return time.monotonic() + t if t > 0 else None
+
+    @staticmethod
+    def _left(deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _timed_out(self) -> APIError:
+        return APIError("timeout_error", f"the request took longer than request_timeout = {self.cfg.request_timeout:g} s",
+                        code="timeout")
+
+    async def _acquire(self, child: EngineChild, deadline, gone: asyncio.Event) -> _Lease:
+        sup = self.sup
+        sup.metrics.queued.inc()
+        try:
+            outcome, _ = await first_of(child.slots.acquire(),
+                                        {"died": child.exited, "shutdown": sup.drain.expired, "gone": gone},
+                                        self._left(deadline))
+        finally:
+            sup.metrics.queued.dec()
+        if outcome == "done":
+            if child.alive:
+                return _Lease(sup, child)
+            child.slots.release()
+            outcome = "died"
+        raise {"died": APIError("server_error", WAITED_MESSAGE, status=503, code="engine_stopped"),
+               "shutdown": APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down"),
+               "gone": _ClientGone(),
+               "timeout": self._timed_out()}[outcome]
+
+    async def _upstream_error(self, child: EngineChild, exc: Exception) -> APIError:
+        if await child.wait_exit(EXIT_SETTLE_S):
+            return _died(child.exit_code)
+        return APIError("server_error", f"the engine connection failed: {type(exc).__name__}: {exc}", status=503,
+                        code="engine_connection_failed")
+
+    async def _generate(self, request: Request, path: str) -> Response:
+        sup = self.sup
+        check_api_key(request, self.cfg.api_key)
+        raw = await read_body(request, self.cfg.max_request_bytes)
+        req = validate(REQUEST_MODELS[path], parse_json_object(raw))
+        sup.drain.refuse_if_draining()
+        if sup.outstanding >= sup.parallel + self.cfg.max_queued:
+            raise APIError("rate_limit_error",
+                           f"too many requests waiting (max_queued = {self.cfg.max_queued}); retry later",
+                           code="queue_full")
+        sup.outstanding += 1
+        lease: _Lease | None = None
+        handed_over = False
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(_set_when_gone(request, gone))
+        try:
+            deadline = self._deadline()
+            child = await self._ready_child(deadline, gone)
+            lease = await self._acquire(child, deadline, gone)
+            upstream = sup.client.build_request("POST", child.url + path, content=raw,
+                                                headers={"content-type": "application/json"})
+            try:
+                outcome, resp = await first_of(sup.client.send(upstream, stream=True),
+                                               {"gone": gone, "shutdown": sup.drain.expired}, self._left(deadline))
+            except httpx.TransportError as e:
+                raise await self._upstream_error(child, e) from None
+            self._raise_outcome(outcome)
+            if req.stream and resp.status_code == 200:
+                watcher.cancel()  # from here Starlette watches for the disconnect
+                handed_over = True
+                cleanup = self._relay_cleanup(resp, lease)
+                return ClosingStreamingResponse(self._relay(resp, child, deadline, cleanup), cleanup,
+                                                media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+            try:
+                outcome, body = await first_of(resp.aread(), {"gone": gone, "shutdown": sup.drain.expired},
+                                               self._left(deadline))
+            except httpx.TransportError as e:
+                raise await self._upstream_error(child, e) from None
+            finally:
+                await resp.aclose()
+            self._raise_outcome(outcome)
+            sup.metrics.requests.labels("ok" if resp.status_code < 400 else f"http_{resp.status_code}").inc()
+            return Response(body, status_code=resp.status_code,
+                            media_type=resp.headers.get("content-type", "application/json"))
+        except _ClientGone:
+            sup.metrics.requests.labels("client_gone").inc()
+            return Response(status_code=499)
+        except APIError as e:
+            sup.metrics.requests.labels(str(e.code or e.type)).inc()
+            raise
+        finally:
+            watcher.cancel()
+            if not handed_over:
+                sup.outstanding -= 1
+                if lease is not None:
+                    lease.release()
+
+    def _raise_outcome(self, outcome: str) -> None:
+        if outcome == "gone":
+            raise _ClientGone()
+        if outcome == "shutdown":
+            raise APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
+        if outcome == "timeout":
+            raise self._timed_out()
+
+    async def _ready_child(self, deadline, gone: asyncio.Event) -> EngineChild:
+        outcome, child = await first_of(self.sup.ready_child(self._left(deadline)),
+                                        {"gone": gone, "shutdown": self.sup.drain.expired})
+        self._raise_outcome(outcome)
+        return child
+
+    def _relay_cleanup(self, resp: httpx.Response, lease: _Lease):
+        done = False
+
+        async def cleanup() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self.sup.outstanding -= 1
+            lease.release()
+            await resp.aclose()  # closing the upstream makes the engine cancel the generation
+        return cleanup
+
+    async def _relay(self, resp: httpx.Response, child: EngineChild, deadline, cleanup) -> AsyncIterator[bytes]:
+        """Pass the engine's SSE bytes through; if the engine dies or time runs out, end the
+        stream with an error event and [DONE]."""
+        sup = self.sup
+        at_boundary = True  # the bytes sent so far end between two events
+        outcome_label = "ok"
+        try:
+            chunks = resp.aiter_raw()
+            while True:
+                try:
+                    outcome, chunk = await first_of(chunks.__anext__(), {"shutdown": sup.drain.expired},
+                                                    self._left(deadline))
+                except StopAsyncIteration:
+                    break
+                except httpx.TransportError as e:
+                    err = await self._upstream_error(child, e)
+                    outcome_label = err.code
+                    yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
+                    return
+                if outcome != "done":
+                    err = (APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
+                           if outcome == "shutdown" else self._timed_out())
+                    outcome_label = err.code
+                    yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
+                    return
+                if chunk:
+                    at_boundary = chunk.endswith(b"\n\n")
+                    yield chunk
+        except asyncio.CancelledError:
+            outcome_label = "client_gone"
+            raise
+        finally:
+            sup.metrics.requests.labels(outcome_label).inc()
+            await cleanup()
+
+    async def _proxy_get(self, request: Request, path: str) -> Response:
+        check_api_key(request, self.cfg.api_key)
+        self.sup.drain.refuse_if_draining()
+        child = await self.sup.ready_child(self._left(self._deadline()))
+        try:
+            r = await self.sup.client.get(child.url + path, timeout=30.0)
+        except httpx.TransportError as e:
+            raise await self._upstream_error(child, e) from None
+        return Response(r.content, status_code=r.status_code,
+                        media_type=r.headers.get("content-type", "application/json"))
+
+    def _build(self) -> FastAPI:
+        sup = self.sup
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI):
+            await sup.start()
+            try:
+                yield
+            finally:
+                await sup.stop()
+
+        app = FastAPI(title="strata serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+        install_error_handlers(app, sup.log)
+
+        @app.get("/health")
+        async def health():
+            status, body = sup.health()
+            return JSONResponse(body, status_code=status)
+
+        @app.get("/metrics")
+        async def metrics(request: Request):
+            check_api_key(request, self.cfg.api_key)
+            text = sup.metrics.render()
+            child = sup.child
+            if child is not None and child.alive and child.is_ready:
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await sup.client.get(child.url + "/metrics", timeout=2.0)
+                    if r.status_code == 200:
+                        text += r.content
+            return Response(text, media_type=CONTENT_TYPE)
+
+        @app.get("/v1/models")
+        async def models(request: Request):
+            return await self._proxy_get(request, "/v1/models")
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(model_id: str, request: Request):
+            return await self._proxy_get(request, f"/v1/models/{model_id}")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            return await self._generate(request, "/v1/chat/completions")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await self._generate(request, "/v1/completions")
+
+        return app
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer began."""
+
+
+async def _set_when_gone(request: Request, gone: asyncio.Event) -> None:
+    await wait_for_disconnect(request)
+    gone.set()
+
+
+def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, command: list[str] | None = None) -> int:
+    sup = Supervisor(cfg, log, command)
+    app = ServeApp(sup).app
+    sock = bind(cfg.host, cfg.port)
+    host, port = sock.getsockname()[:2]
+    log(f"strata serve: listening on http://{host}:{port} ({sup.parallel} slot(s), queue bound {cfg.max_queued})")
+
+    serve(app, sock, on_signal=lambda: sup.drain.begin(cfg.shutdown_timeout), graceful_timeout_s=cfg.shutdown_timeout + 5)
+    log("strata serve: stopped")
+    return 0
