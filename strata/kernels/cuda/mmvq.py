@@ -1,0 +1,270 @@
+"""Native quantized mat-vec (MMVQ) on NVIDIA GPUs through CuPy.
+
+Weights stay in their GGUF block layout on the device (uploaded once, never dequantized);
+activations are quantized on the GPU to Q8_1-style blocks of 32 (int8 q, float32 d and s,
+exactly strata.kernels.activation_quant's math), and one launch multiplies up to MAX_COLS
+columns. The CUDA C++ lives in *.cuh beside this file and is compiled at first use of a type
+with NVRTC (cupy.RawModule; CuPy caches the binaries on disk).
+
+    quantize_q8_1(x_dev) -> Q8Buffer
+    mmvq(type_id, w_dev, rows, k, x_dev, out=None) -> (ncols, rows) float32 cupy array
+    mmvq_experts(type_id, w_dev, expert_ids_dev, x_dev, out=None) -> (ncols, n_used, rows)
+    supported_types() -> tuple of GGML type ids;  register(table): fill the native kernel table
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from strata.kernels.ggml_types import BY_NAME, type_by_id
+
+MAX_COLS = 8  # columns per launch (llama.cpp's MMVQ_MAX_BATCH_SIZE)
+QK = 32  # activation block
+WARPS = 4  # warps (rows) per thread block; must match mmvq_kernels.cuh
+TILE = 2048  # weight bytes per shared-memory tile; must match mmvq_kernels.cuh
+
+QUANT_TYPE_NAMES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL", "IQ4_XS",
+    "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0",
+)
+FLOAT_TYPE_NAMES = ("F32", "F16", "BF16")
+QUANT_TYPES = tuple(BY_NAME[n].id for n in QUANT_TYPE_NAMES)
+FLOAT_TYPES = tuple(BY_NAME[n].id for n in FLOAT_TYPE_NAMES)
+
+_HERE = Path(__file__).parent
+_OPTIONS = ("--use_fast_math", "-std=c++17")
+_lock = threading.Lock()
+
+
+def supported_types() -> tuple[int, ...]:
+    return QUANT_TYPES + FLOAT_TYPES
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+@functools.cache
+def _source() -> str:
+    from strata.kernels.cuda.tables import table_source
+
+    files = ("mmvq_common.cuh", "mmvq_decode.cuh", "mmvq_kernels.cuh")
+    common, decode, kernels = ((_HERE / f).read_text() for f in files)
+    return common + table_source() + decode + kernels
+
+
+def _names(type_id: int) -> list[str]:
+    if type_id in FLOAT_TYPES:
+        return [f"mmvf<{type_id}, {nc}>" for nc in range(1, MAX_COLS + 1)] + [f"mmvf_ids<{type_id}>"]
+    return [f"mmvq<{type_id}, {nc}>" for nc in range(1, MAX_COLS + 1)] + [f"mmvq_ids<{type_id}>"]
+
+
+_modules: dict[int, object] = {}
+
+
+def _module(type_id: int):
+    """The compiled module of one type (all column counts + the experts kernel)."""
+    mod = _modules.get(type_id)
+    if mod is None:
+        cp = _cp()
+        mod = cp.RawModule(code=_source(), options=_OPTIONS, name_expressions=_names(type_id))
+        mod.compile()
+        with _lock:
+            _modules[type_id] = mod
+    return mod
+
+
+@functools.cache
+def _quant_kernel():
+    return _cp().RawModule(code=_source(), options=_OPTIONS).get_function("quantize_q8_1")
+
+
+def compile_all(type_ids=None, threads: int = 8) -> None:
+    """Compile the modules of several types at once (NVRTC runs outside the GIL)."""
+    ids = [t for t in (type_ids or supported_types()) if t not in _modules]
+    _quant_kernel()
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        list(pool.map(_module, ids))
+
+
+@functools.cache
+def _function(type_id: int, name: str):
+    return _module(type_id).get_function(name)
+
+
+# ------------------------------------------------------------------ activations
+@dataclass
+class Q8Buffer:
+    """Quantized activations on the device: q int8 (ncols, k); meta (ncols, k/32) records of
+    float32 d, float32 s = d*sum(q), the two 16-value int16 sums packed, padding (16 bytes)."""
+
+    q: object
+    meta: object
+    ncols: int
+    k: int
+
+    @property
+    def d(self):
+        return self.meta.view(_cp().float32)[..., 0]
+
+    @property
+    def s(self):
+        return self.meta.view(_cp().float32)[..., 1]
+
+
+def empty_q8(ncols: int, k: int) -> Q8Buffer:
+    cp = _cp()
+    return Q8Buffer(cp.empty((ncols, k), dtype=cp.int8), cp.empty((ncols, k // QK, 4), dtype=cp.int32), ncols, k)
+
+
+def quantize_q8_1(x_dev, out: Q8Buffer | None = None) -> Q8Buffer:
+    """float32 (ncols, k) or (k,) device array -> Q8Buffer (k a multiple of 32)."""
+    cp = _cp()
+    x = cp.ascontiguousarray(cp.asarray(x_dev, dtype=cp.float32))
+    if x.ndim == 1:
+        x = x[None, :]
+    ncols, k = x.shape
+    if k % QK:
+        raise ValueError(f"quantize_q8_1: row length {k} is not a multiple of {QK}")
+    buf = out if out is not None else empty_q8(ncols, k)
+    nblocks = ncols * (k // QK)
+    if nblocks:
+        threads = 256
+        grid = (nblocks * 32 + threads - 1) // threads
+        _quant_kernel()((grid,), (threads,), (x, np.int32(nblocks), buf.q, buf.meta))
+    return buf
+
+
+# ------------------------------------------------------------------ launches
+def _tile_blocks(type_size: int, nblk: int) -> int:
+    """Blocks per tile: as many as fit (leaving 16 bytes of alignment slack), spread evenly."""
+    most = max(1, (TILE - 16) // type_size)
+    ntiles = -(-nblk // most)
+    return -(-nblk // ntiles)
+
+
+def _weights(type_id: int, w_dev, k: int):
+    cp = _cp()
+    t = type_by_id(type_id)
+    if t is None or type_id not in supported_types():
+        raise ValueError(f"mmvq: no CUDA kernel for GGML type {t.name if t else type_id}")
+    if k <= 0 or k % t.block_size or (t.quantized and k % QK):
+        raise ValueError(f"mmvq: {t.name} rows of {k} weights are not whole blocks")
+    w = cp.asarray(w_dev)
+    if w.dtype != cp.uint8:
+        w = w.view(cp.uint8) if w.flags.c_contiguous else cp.ascontiguousarray(w).view(cp.uint8)
+    if not w.flags.c_contiguous or w.data.ptr % 16:
+        w = cp.ascontiguousarray(w).copy()  # kernels read aligned 4- and 16-byte pieces
+    return t, w
+
+
+def _columns(x_dev):
+    cp = _cp()
+    x = cp.asarray(x_dev, dtype=cp.float32)
+    if x.ndim == 1:
+        x = x[None, :]
+    return cp.ascontiguousarray(x)
+
+
+def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer | None = None):
+    """W (rows, k) of GGML type `type_id` times x (ncols, k) -> float32 (ncols, rows).
+
+    x_dev: float32 columns (quantized here) or a Q8Buffer already quantized. More than
+    MAX_COLS columns run as several launches. `out` (ncols, rows) float32 may be given.
+    """
+    cp = _cp()
+    t, w = _weights(type_id, w_dev, k)
+    row_bytes = t.row_bytes(k)
+    if w.size != rows * row_bytes:
+        raise ValueError(f"mmvq: {t.name} {rows} x {k} needs {rows * row_bytes} bytes, got {w.size}")
+    if isinstance(x_dev, Q8Buffer):
+        if t.id in FLOAT_TYPES:
+            raise ValueError("mmvq: float weights take float activations, not a Q8Buffer")
+        act, ncols = x_dev, x_dev.ncols
+    else:
+        x = _columns(x_dev)
+        if x.shape[1] != k:
+            raise ValueError(f"mmvq: activations have {x.shape[1]} values per column, weights {k}")
+        ncols = x.shape[0]
+        act = x if t.id in FLOAT_TYPES else quantize_q8_1(x, q8)
+    if out is None:
+        out = cp.empty((ncols, rows), dtype=cp.float32)
+    grid = ((rows + WARPS - 1) // WARPS,)
+    for c0 in range(0, ncols, MAX_COLS):
+        nc = min(MAX_COLS, ncols - c0)
+        o = out[c0 : c0 + nc]
+        if t.id in FLOAT_TYPES:
+            xs = act[c0 : c0 + nc]
+            vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
+            fn = _function(t.id, f"mmvf<{t.id}, {nc}>")
+            fn(grid, (WARPS * 32,), (w, np.int32(rows), np.int32(row_bytes), np.int32(k), xs, o, vec))
+        else:
+            fn = _function(t.id, f"mmvq<{t.id}, {nc}>")
+            fn(grid, (WARPS * 32,), (w, np.int32(rows), np.int32(row_bytes), np.int32(k),
+                                     np.int32(_tile_blocks(t.type_size, k // t.block_size)),
+                                     act.q[c0 : c0 + nc], act.meta[c0 : c0 + nc], o))
+    return out
+
+
+def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None):
+    """Experts mat-vec: w (n_expert, rows, row_bytes) uint8, expert_ids (ncols, n_used) int32
+    on the device, x (ncols, k) -> float32 (ncols, n_used, rows). Ids stay on the device: an
+    id outside 0..n_expert-1 yields NaN rows instead of a host round trip."""
+    cp = _cp()
+    w3 = cp.asarray(w_dev)
+    if w3.ndim != 3:
+        raise ValueError(f"mmvq_experts: weights must be (n_expert, rows, row_bytes), got {w3.shape}")
+    n_expert, rows, row_bytes = w3.shape
+    t = type_by_id(type_id)
+    if t is None:
+        raise ValueError(f"mmvq_experts: unknown GGML type {type_id}")
+    k = row_bytes // t.type_size * t.block_size
+    t, w = _weights(type_id, w3, k)
+    ids = cp.ascontiguousarray(cp.asarray(expert_ids_dev, dtype=cp.int32))
+    x = _columns(x_dev)
+    if ids.ndim != 2 or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"mmvq_experts: expert_ids must be (ncols={x.shape[0]}, n_used), got {ids.shape}")
+    ncols, n_used = ids.shape
+    if out is None:
+        out = cp.empty((ncols, n_used, rows), dtype=cp.float32)
+    if ncols * n_used == 0:
+        return out
+    grid = ((rows + WARPS - 1) // WARPS, ncols * n_used)
+    common = (w, np.int64(rows * row_bytes), np.int32(n_expert), ids, np.int32(n_used),
+              np.int32(rows), np.int32(row_bytes), np.int32(k))
+    if t.id in FLOAT_TYPES:
+        vec = np.int32(row_bytes % 16 == 0)
+        _function(t.id, f"mmvf_ids<{t.id}>")(grid, (WARPS * 32,), common + (x, out, vec))
+    else:
+        act = quantize_q8_1(x)
+        tb = np.int32(_tile_blocks(t.type_size, k // t.block_size))
+        _function(t.id, f"mmvq_ids<{t.id}>")(grid, (WARPS * 32,), common + (tb, act.q, act.meta, out))
+    return out
+
+
+# ------------------------------------------------------------------ native table
+def _table_impl(type_id: int):
+    def impl(w, x):
+        """w uint8 (rows, row_bytes), x float32 (ncols, k) (host or device) -> cupy (ncols, rows)."""
+        cp = _cp()
+        w_dev = cp.asarray(w)
+        x_dev = _columns(x)
+        return mmvq(type_id, w_dev, w_dev.shape[0], x_dev.shape[1], x_dev)
+
+    impl.__qualname__ = f"cuda.mmvq[{type_by_id(type_id).name}]"
+    return impl
+
+
+def register(table) -> None:
+    """Add one "cuda" row per supported type to a strata.kernels.native_table.NativeTable."""
+    for type_id in supported_types():
+        table.register("cuda", type_id, MAX_COLS, _table_impl(type_id), "strata.kernels.cuda.mmvq")

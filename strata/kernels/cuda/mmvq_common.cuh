@@ -1,0 +1,77 @@
+// Common pieces of Strata's MMVQ kernels (compiled through NVRTC by strata/kernels/cuda/mmvq.py).
+// No system headers: NVRTC builds this without an include path, so the few types and
+// conversions we need are spelled out here.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+
+// f16 bits -> f32 (exact).
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// bf16 bits -> f32 (exact: bf16 is the top half of an f32).
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// PTX prmt in its default mode: each selector nibble picks a byte of {b, a} (bits 0-2) and,
+// when its bit 3 is set, replicates that byte's sign bit instead. __byte_perm is documented
+// with 3-bit selectors only, so the sign-replicating form goes through inline PTX.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// Loads from a weight tile in shared memory. Tiles keep the global alignment modulo 16, so
+// a field is 4-aligned exactly when it is 4-aligned in device memory.
+__device__ __forceinline__ u32 ld8(const u8* p) { return *p; }
+__device__ __forceinline__ u32 ld16(const u8* p) { return *(const u16*)p; }  // 2-aligned fields only
+__device__ __forceinline__ u32 ld32a(const u8* p) { return *(const u32*)p; }  // 4-aligned fields only
+__device__ __forceinline__ u32 ld32u(const u8* p) {  // any alignment (reads up to 7 bytes past)
+    const size_t a = (size_t)p;
+    const u32* w = (const u32*)(a & ~(size_t)3);
+    return __funnelshift_r(w[0], w[1], (u32)(a & 3) * 8);
+}
+__device__ __forceinline__ float ldh(const u8* p) { return h2f((u16)ld16(p)); }
+
+// 4 bits -> bytes 0x00/0xFF (bit i of s4 -> byte i). The multiply places bit i at bit 8i+7
+// (all 16 partial-product bits land on distinct positions, so no carries); prmt's sign mode
+// then widens each byte's top bit.
+__device__ __forceinline__ u32 sign_mask4(u32 s4) { return prmt(s4 * 0x10204080u, 0u, 0xBA98u); }
+
+// 4 bits -> bytes 0x00/0x01 (bit i of b4 -> byte i), same carry-free multiply.
+__device__ __forceinline__ u32 spread4(u32 b4) { return (b4 * 0x00204081u) & 0x01010101u; }
+
+// Negate the bytes of g whose mask byte is 0xFF. Needs every byte of g in 1..127: then
+// (g ^ 0xFF) + 1 = 256 - g stays inside its byte.
+__device__ __forceinline__ u32 apply_signs(u32 g, u32 m) { return (g ^ m) + (m & 0x01010101u); }
+
+// 8 sign bits of a 7-bit ksigns index: bit 7 makes the count of minus signs even.
+__device__ __forceinline__ u32 ksigns(u32 s7) { return s7 | ((__popc(s7) & 1u) << 7); }
+
+// Look 4 nibble indices (bytes 0..15 of x) up in a 16-entry int8 table held as 4 words.
+__device__ __forceinline__ u32 lut16(u32 x, u32 t0, u32 t1, u32 t2, u32 t3) {
+    const u32 t = x | (x >> 4);                 // byte0 = i0 | i1 << 4, byte2 = i2 | i3 << 4
+    const u32 sel = __byte_perm(t, 0u, 0x0020u);  // nibbles i0 i1 i2 i3 in the low 16 bits
+    const u32 lo = __byte_perm(t0, t1, sel & 0x7777u);
+    const u32 hi = __byte_perm(t2, t3, sel & 0x7777u);
+    return __byte_perm(lo, hi, 0x3210u | ((sel & 0x8888u) >> 1));  // index bit 3 picks hi
+}
+
+// One 32-weight chunk of a weight row as the dot product consumes it: int8 codes in weight
+// order (q[0..3]: weights 0..15, q[4..7]: weights 16..31), a float scale per 16-weight half
+// and (types with mins) a float min coefficient per half, multiplying the activation sum.
+// Integer offsets (Q4_0's -8 and the like) are the type's IOFF, applied to the integer dot.
+struct Chunk {
+    int q[8];
+    float sc[2];
+    float mn[2];
+};

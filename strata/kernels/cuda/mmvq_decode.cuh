@@ -1,0 +1,425 @@
+// Per-type chunk decoders for Strata's MMVQ kernels.
+//
+// Each type is a struct specialising TypeOf<id> with:
+//   BS, TS    weights and bytes per block (as strata.kernels.ggml_types);
+//   IOFF      integer offset added to every code (value = code + IOFF), applied exactly
+//             through the activations' integer sums;
+//   MIN       whether Chunk::mn holds min coefficients (times the activation sums);
+//   decode(b, sub, r)  fills chunk `sub` (32 weights) of the block at b (shared memory).
+// Layouts follow ggml-common.h; the codes match strata.kernels.mmvq_codes* up to exact
+// integer rewrites (e.g. IQ1 codes are 8 * grid + 16 +- 1 with IOFF -16, scale / 8).
+// Tables (IQ grids, E8M0 / UE4M3 scales) are generated from strata's Python tables.
+
+template <int ID> struct TypeOf;
+
+// kvalues as little-endian words, from strata.kernels.iq_tables (generated).
+// KV_IQ4NL_0..3 and KV_FP4_0..3 are #defined by the generated table header.
+
+#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_)                                   \
+    template <> struct TypeOf<ID_> {                                             \
+        static constexpr int BS = BS_, TS = TS_, IOFF = IOFF_;                   \
+        static constexpr bool MIN = MIN_;                                        \
+        __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r)
+
+#define TYPE_TAIL };
+
+// ---------------------------------------------------------------- 32-weight formats
+// Q4_0: half d; qs[16]: low nibbles weights 0..15, high nibbles 16..31; value d * (q - 8).
+TYPE_HEAD(2, 32, 18, -8, false) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32u(b + 2 + 4 * i);
+        r.q[i] = w & 0x0F0F0F0F;
+        r.q[4 + i] = (w >> 4) & 0x0F0F0F0F;
+    }
+    r.sc[0] = r.sc[1] = ldh(b);
+}
+TYPE_TAIL
+
+// Q4_1: half d, half m; qs[16]; value d * q + m.
+TYPE_HEAD(3, 32, 20, 0, true) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32a(b + 4 + 4 * i);
+        r.q[i] = w & 0x0F0F0F0F;
+        r.q[4 + i] = (w >> 4) & 0x0F0F0F0F;
+    }
+    r.sc[0] = r.sc[1] = ldh(b);
+    r.mn[0] = r.mn[1] = ldh(b + 2);
+}
+TYPE_TAIL
+
+// Q5_0: half d; u32 qh (bit j = 5th bit of weight j); qs[16]; value d * (q - 16).
+TYPE_HEAD(6, 32, 22, -16, false) {
+    const u32 qh = ld32u(b + 2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32u(b + 6 + 4 * i);
+        r.q[i] = (w & 0x0F0F0F0F) | (spread4((qh >> (4 * i)) & 15) << 4);
+        r.q[4 + i] = ((w >> 4) & 0x0F0F0F0F) | (spread4((qh >> (16 + 4 * i)) & 15) << 4);
+    }
+    r.sc[0] = r.sc[1] = ldh(b);
+}
+TYPE_TAIL
+
+// Q5_1: half d, half m; u32 qh; qs[16]; value d * q + m.
+TYPE_HEAD(7, 32, 24, 0, true) {
+    const u32 qh = ld32a(b + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32a(b + 8 + 4 * i);
+        r.q[i] = (w & 0x0F0F0F0F) | (spread4((qh >> (4 * i)) & 15) << 4);
+        r.q[4 + i] = ((w >> 4) & 0x0F0F0F0F) | (spread4((qh >> (16 + 4 * i)) & 15) << 4);
+    }
+    r.sc[0] = r.sc[1] = ldh(b);
+    r.mn[0] = r.mn[1] = ldh(b + 2);
+}
+TYPE_TAIL
+
+// Q8_0: half d; int8 qs[32].
+TYPE_HEAD(8, 32, 34, 0, false) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = ld32u(b + 2 + 4 * i);
+    r.sc[0] = r.sc[1] = ldh(b);
+}
+TYPE_TAIL
+
+// IQ4_NL: half d; qs[16] nibbles indexing kvalues_iq4nl.
+TYPE_HEAD(20, 32, 18, 0, false) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32u(b + 2 + 4 * i);
+        r.q[i] = lut16(w & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
+        r.q[4 + i] = lut16((w >> 4) & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
+    }
+    r.sc[0] = r.sc[1] = ldh(b);
+}
+TYPE_TAIL
+
+// MXFP4: u8 e (E8M0); qs[16] nibbles indexing the doubled E2M1 values; scale 2^(e-128).
+TYPE_HEAD(39, 32, 17, 0, false) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32u(b + 1 + 4 * i);
+        r.q[i] = lut16(w & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        r.q[4 + i] = lut16((w >> 4) & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+    }
+    r.sc[0] = r.sc[1] = __uint_as_float(__ldg(&E8M0_HALF_BITS[ld8(b)]));
+}
+TYPE_TAIL
+
+// NVFP4 (64 weights): u8 d[4] (UE4M3 per 16 weights); qs[32]: 8 bytes per 16-weight
+// sub-block, low nibbles its weights 0..7, high nibbles 8..15.
+TYPE_HEAD(40, 64, 36, 0, false) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int s = 2 * sub + h;
+        const u32 w0 = ld32a(b + 4 + 8 * s), w1 = ld32a(b + 8 + 8 * s);
+        r.q[4 * h + 0] = lut16(w0 & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        r.q[4 * h + 1] = lut16(w1 & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        r.q[4 * h + 2] = lut16((w0 >> 4) & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        r.q[4 * h + 3] = lut16((w1 >> 4) & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        r.sc[h] = __uint_as_float(__ldg(&UE4M3_HALF_BITS[ld8(b + s)]));
+    }
+}
+TYPE_TAIL
+
+// Q1_0 (128 weights): half d; 128 sign bits (set: +d, clear: -d). Code 2*bit, IOFF -1.
+TYPE_HEAD(41, 128, 18, -1, false) {
+    const u32 w = ld32u(b + 2 + 4 * sub);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = spread4((w >> (4 * i)) & 15) << 1;
+    r.sc[0] = r.sc[1] = ldh(b);
+}
+TYPE_TAIL
+
+// Q2_0 (64 weights): half d; 16 bytes of 2-bit codes, LSB first; value (c - 1) * d.
+// A byte holds 4 consecutive weights; bit planes + a 4x4 byte transpose put them in order.
+TYPE_HEAD(42, 64, 18, -1, false) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 w = ld32u(b + 2 + 8 * sub + 4 * h);  // weights 16h .. 16h+15 of the chunk
+        const u32 p0 = w & 0x03030303, p1 = (w >> 2) & 0x03030303;
+        const u32 p2 = (w >> 4) & 0x03030303, p3 = (w >> 6) & 0x03030303;
+        const u32 t0 = __byte_perm(p0, p1, 0x5140), t1 = __byte_perm(p2, p3, 0x5140);
+        const u32 t2 = __byte_perm(p0, p1, 0x7362), t3 = __byte_perm(p2, p3, 0x7362);
+        r.q[4 * h + 0] = __byte_perm(t0, t1, 0x5410);
+        r.q[4 * h + 1] = __byte_perm(t0, t1, 0x7632);
+        r.q[4 * h + 2] = __byte_perm(t2, t3, 0x5410);
+        r.q[4 * h + 3] = __byte_perm(t2, t3, 0x7632);
+    }
+    r.sc[0] = r.sc[1] = ldh(b);
+}
+TYPE_TAIL
+
+// ---------------------------------------------------------------- ternary
+// TQ2_0: qs[64] (two runs of 32 bytes, 4 planes of 2 bits each), half d at 64; value (c-1)*d.
+TYPE_HEAD(35, 256, 66, -1, false) {
+    const u8* q = b + 32 * (sub >> 2);
+    const int sh = 2 * (sub & 3);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = (ld32u(q + 4 * i) >> sh) & 0x03030303;
+    r.sc[0] = r.sc[1] = ldh(b + 64);
+}
+TYPE_TAIL
+
+// base-3 digit n of each byte: ((u8)(byte * 3^n) * 3) >> 8, in 0..2.
+__device__ __forceinline__ u32 tern4(u32 w, int n) {
+    const u32 p = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
+    u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 v = (((w >> (8 * j)) & 0xFF) * p) & 0xFF;
+        r |= ((v * 3) >> 8) << (8 * j);
+    }
+    return r;
+}
+
+// TQ1_0: qs[48] (a 32-byte run of 5 digits, a 16-byte run of 5 digits), qh[4] (4 digits),
+// half d at 52. Chunks 0..4: digit `sub` of the 32-byte run; 5..7: the 16-byte run's digits
+// two at a time, its last digit paired with the qh bytes.
+TYPE_HEAD(34, 256, 54, -1, false) {
+    if (sub < 5) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.q[i] = tern4(ld32u(b + 4 * i), sub);
+    } else {
+        const int n = 2 * (sub - 5);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.q[i] = tern4(ld32u(b + 32 + 4 * i), n);
+        if (sub < 7) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) r.q[4 + i] = tern4(ld32u(b + 32 + 4 * i), n + 1);
+        } else {
+            const u32 qh = ld32u(b + 48);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) r.q[4 + i] = tern4(qh, i);
+        }
+    }
+    r.sc[0] = r.sc[1] = ldh(b + 52);
+}
+TYPE_TAIL
+
+// ---------------------------------------------------------------- K-quants
+// Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], half d, half dmin.
+TYPE_HEAD(10, 256, 84, 0, true) {
+    const u8* q = b + 16 + 32 * (sub >> 2);
+    const int sh = 2 * (sub & 3);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = (ld32a(q + 4 * i) >> sh) & 0x03030303;
+    const float d = ldh(b + 80), dmin = ldh(b + 82);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 s = ld8(b + 2 * sub + h);
+        r.sc[h] = d * (float)(s & 15);
+        r.mn[h] = -(dmin * (float)(s >> 4));
+    }
+}
+TYPE_TAIL
+
+// Q3_K: hmask[32], qs[64], scales[12] (16 x 6 bits), half d; value d * (sc - 32) * (code - 4).
+TYPE_HEAD(11, 256, 110, -4, false) {
+    const u8* q = b + 32 + 32 * (sub >> 2);
+    const int sh = 2 * (sub & 3);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 low = (ld32u(q + 4 * i) >> sh) & 0x03030303;
+        const u32 hb = (ld32u(b + 4 * i) >> sub) & 0x01010101;
+        r.q[i] = low | (hb << 2);
+    }
+    const float d = ldh(b + 108);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int s = 2 * sub + h;
+        const u32 lo = s < 8 ? (ld8(b + 96 + s) & 15) : (ld8(b + 96 + s - 8) >> 4);
+        const u32 hi = (ld8(b + 96 + 8 + (s & 3)) >> (2 * (s >> 2))) & 3;
+        r.sc[h] = d * (float)((int)(lo | (hi << 4)) - 32);
+    }
+}
+TYPE_TAIL
+
+// get_scale_min_k4 of ggml: 8 (scale, min) pairs of 6 bits packed in 12 bytes.
+__device__ __forceinline__ void k4_scale_min(const u8* s, int j, u32& sc, u32& m) {
+    if (j < 4) {
+        sc = ld8(s + j) & 63;
+        m = ld8(s + j + 4) & 63;
+    } else {
+        sc = (ld8(s + j + 4) & 15) | ((ld8(s + j - 4) >> 6) << 4);
+        m = (ld8(s + j + 4) >> 4) | ((ld8(s + j) >> 6) << 4);
+    }
+}
+
+// Q4_K: half d, half dmin, scales[12], qs[128] (32-byte runs: low nibbles then high).
+TYPE_HEAD(12, 256, 144, 0, true) {
+    const u8* q = b + 16 + 32 * (sub >> 1);
+    const int sh = 4 * (sub & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = (ld32a(q + 4 * i) >> sh) & 0x0F0F0F0F;
+    u32 sc, m;
+    k4_scale_min(b + 4, sub, sc, m);
+    r.sc[0] = r.sc[1] = ldh(b) * (float)sc;
+    r.mn[0] = r.mn[1] = -(ldh(b + 2) * (float)m);
+}
+TYPE_TAIL
+
+// Q5_K: half d, half dmin, scales[12], qh[32] (bit `sub` = 5th bit), qs[128].
+TYPE_HEAD(13, 256, 176, 0, true) {
+    const u8* q = b + 48 + 32 * (sub >> 1);
+    const int sh = 4 * (sub & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const u32 hb = (ld32a(b + 16 + 4 * i) >> sub) & 0x01010101;
+        r.q[i] = ((ld32a(q + 4 * i) >> sh) & 0x0F0F0F0F) | (hb << 4);
+    }
+    u32 sc, m;
+    k4_scale_min(b + 4, sub, sc, m);
+    r.sc[0] = r.sc[1] = ldh(b) * (float)sc;
+    r.mn[0] = r.mn[1] = -(ldh(b + 2) * (float)m);
+}
+TYPE_TAIL
+
+// Q6_K: ql[128], qh[64], int8 scales[16], half d; value d * sc * (code - 32).
+TYPE_HEAD(14, 256, 210, -32, false) {
+    const int half = sub >> 2, j = sub & 3;
+    const u8* ql = b + 64 * half + 32 * (j & 1);
+    const u8* qh = b + 128 + 32 * half;
+    const int nsh = 4 * (j >> 1), hsh = 2 * j;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        r.q[i] = ((ld32u(ql + 4 * i) >> nsh) & 0x0F0F0F0F) | (((ld32u(qh + 4 * i) >> hsh) & 0x03030303) << 4);
+    const float d = ldh(b + 208);
+    r.sc[0] = d * (float)(i8)ld8(b + 192 + 8 * half + 2 * j);
+    r.sc[1] = d * (float)(i8)ld8(b + 192 + 8 * half + 2 * j + 1);
+}
+TYPE_TAIL
+
+// ---------------------------------------------------------------- IQ types
+// Grid words: the 4 bytes of a codeword as one u32 (IQ3) or two (IQ2: u64 as uint2).
+__device__ __forceinline__ void signed_pair(const uint2 g, u32 s8, int& a, int& c) {
+    a = apply_signs(g.x, sign_mask4(s8 & 15));
+    c = apply_signs(g.y, sign_mask4(s8 >> 4));
+}
+
+// IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
+TYPE_HEAD(16, 256, 66, 0, false) {
+    const u32 idx = ld32u(b + 2 + 8 * sub), aux = ld32u(b + 6 + 8 * sub);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const uint2 g = __ldg(&GRID_IQ2XXS[(idx >> (8 * l)) & 255]);
+        signed_pair(g, ksigns((aux >> (7 * l)) & 127), r.q[2 * l], r.q[2 * l + 1]);
+    }
+    r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.25f;
+}
+TYPE_TAIL
+
+// IQ2_XS: half d; u16 qs[32] (9-bit grid index, 7 sign bits); scales[8] (a nibble per 16).
+TYPE_HEAD(17, 256, 74, 0, false) {
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u32 v = ld16(b + 2 + 2 * (4 * sub + l));
+        const uint2 g = __ldg(&GRID_IQ2XS[v & 511]);
+        signed_pair(g, ksigns(v >> 9), r.q[2 * l], r.q[2 * l + 1]);
+    }
+    const float d = ldh(b);
+    const u32 s = ld8(b + 66 + sub);
+    r.sc[0] = (d * (0.5f + (float)(s & 15))) * 0.25f;
+    r.sc[1] = (d * (0.5f + (float)(s >> 4))) * 0.25f;
+}
+TYPE_TAIL
+
+// IQ2_S: half d; qs[32] grid index low bytes, signs[32]; qh[8] (2 high bits per index); scales[8].
+TYPE_HEAD(22, 256, 82, 0, false) {
+    const u32 qh = ld8(b + 66 + sub);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u32 i = ld8(b + 2 + 4 * sub + l) | ((qh << (8 - 2 * l)) & 0x300);
+        const uint2 g = __ldg(&GRID_IQ2S[i]);
+        signed_pair(g, ld8(b + 34 + 4 * sub + l), r.q[2 * l], r.q[2 * l + 1]);
+    }
+    const float d = ldh(b);
+    const u32 s = ld8(b + 74 + sub);
+    r.sc[0] = (d * (0.5f + (float)(s & 15))) * 0.25f;
+    r.sc[1] = (d * (0.5f + (float)(s >> 4))) * 0.25f;
+}
+TYPE_TAIL
+
+// IQ3_XXS: half d; qs[64] grid indices (4-byte codewords); 8 u32 of 4 x 7 sign bits + scale.
+TYPE_HEAD(18, 256, 98, 0, false) {
+    const u32 aux = ld32u(b + 66 + 4 * sub);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u32 s8 = ksigns((aux >> (7 * l)) & 127);
+        const u32 g0 = __ldg(&GRID_IQ3XXS[ld8(b + 2 + 8 * sub + 2 * l)]);
+        const u32 g1 = __ldg(&GRID_IQ3XXS[ld8(b + 3 + 8 * sub + 2 * l)]);
+        r.q[2 * l] = apply_signs(g0, sign_mask4(s8 & 15));
+        r.q[2 * l + 1] = apply_signs(g1, sign_mask4(s8 >> 4));
+    }
+    r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.5f;
+}
+TYPE_TAIL
+
+// IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
+TYPE_HEAD(21, 256, 110, 0, false) {
+    const u32 qh = ld8(b + 66 + sub);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u32 i0 = ld8(b + 2 + 8 * sub + 2 * l) | ((qh << (8 - 2 * l)) & 256);
+        const u32 i1 = ld8(b + 3 + 8 * sub + 2 * l) | ((qh << (7 - 2 * l)) & 256);
+        const u32 s8 = ld8(b + 74 + 4 * sub + l);
+        r.q[2 * l] = apply_signs(__ldg(&GRID_IQ3S[i0]), sign_mask4(s8 & 15));
+        r.q[2 * l + 1] = apply_signs(__ldg(&GRID_IQ3S[i1]), sign_mask4(s8 >> 4));
+    }
+    const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
+    r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);
+}
+TYPE_TAIL
+
+// IQ1 grids hold 8 * g + 16 per byte (g in -1..1); +-1 for the delta keeps every byte in
+// 7..25, so one word add/subtract is exact; IOFF -16 and scale / 8 give dl * (g +- 1/8).
+__device__ __forceinline__ void iq1_group(u32 index, bool neg, int& a, int& c) {
+    const uint2 g = __ldg(&GRID_IQ1S[index]);
+    const u32 delta = 0x01010101u;
+    a = neg ? g.x - delta : g.x + delta;
+    c = neg ? g.y - delta : g.y + delta;
+}
+
+// IQ1_S: half d; qs[32] index low bytes; u16 qh[8]: 4 x 3 index bits, 3-bit scale, delta sign.
+TYPE_HEAD(19, 256, 50, -16, false) {
+    const u32 qh = ld16(b + 34 + 2 * sub);
+    const bool neg = (qh & 0x8000) != 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l)
+        iq1_group(ld8(b + 2 + 4 * sub + l) | (((qh >> (3 * l)) & 7) << 8), neg, r.q[2 * l], r.q[2 * l + 1]);
+    r.sc[0] = r.sc[1] = (ldh(b) * (float)(2 * ((qh >> 12) & 7) + 1)) * 0.125f;
+}
+TYPE_TAIL
+
+// IQ1_M: qs[32]; qh[16] (per 8 weights: 3 index bits + delta sign); scales[8] as u16[4]:
+// 3-bit scales per 16 weights, and the f16 super-scale in their top nibbles.
+TYPE_HEAD(29, 256, 56, -16, false) {
+    const u32 s0 = ld16(b + 48), s1 = ld16(b + 50), s2 = ld16(b + 52), s3 = ld16(b + 54);
+    const float d = h2f((u16)((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000)));
+    const u32 qh0 = ld8(b + 32 + 2 * sub), qh1 = ld8(b + 33 + 2 * sub);
+    const u8* qs = b + 4 * sub;
+    iq1_group(ld8(qs + 0) | ((qh0 << 8) & 0x700), (qh0 & 0x08) != 0, r.q[0], r.q[1]);
+    iq1_group(ld8(qs + 1) | ((qh0 << 4) & 0x700), (qh0 & 0x80) != 0, r.q[2], r.q[3]);
+    iq1_group(ld8(qs + 2) | ((qh1 << 8) & 0x700), (qh1 & 0x08) != 0, r.q[4], r.q[5]);
+    iq1_group(ld8(qs + 3) | ((qh1 << 4) & 0x700), (qh1 & 0x80) != 0, r.q[6], r.q[7]);
+    const u32 sc = ld16(b + 48 + 2 * (sub >> 1)) >> (6 * (sub & 1));
+    r.sc[0] = (d * (float)(2 * (sc & 7) + 1)) * 0.125f;
+    r.sc[1] = (d * (float)(2 * ((sc >> 3) & 7) + 1)) * 0.125f;
+}
+TYPE_TAIL
+
+// IQ4_XS: half d; u16 scales_h; scales_l[4]; qs[128] (16 bytes per 32 weights).
+TYPE_HEAD(23, 256, 136, 0, false) {
+    const u8* q = b + 8 + 16 * sub;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 w = ld32a(q + 4 * i);
+        r.q[i] = lut16(w & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
+        r.q[4 + i] = lut16((w >> 4) & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
+    }
+    const u32 ls = ((ld8(b + 4 + (sub >> 1)) >> (4 * (sub & 1))) & 15) | (((ld16(b + 2) >> (2 * sub)) & 3) << 4);
+    r.sc[0] = r.sc[1] = ldh(b) * (float)((int)ls - 32);
+}
+TYPE_TAIL

@@ -1,0 +1,280 @@
+// Strata's MMVQ kernels: quantized weight rows (GGUF block layout, uploaded as is) times
+// 1..8 activation columns quantized to Q8_1-style blocks (int8 codes + float32 d, s).
+//
+// Work split: one warp per output row. The warp streams its row through a private pair of
+// shared-memory tiles with 16-byte cp.async copies (sm_80+), so global loads are wide and
+// coalesced whatever the block size (17, 18, 50, 110 ... bytes); lanes then decode 32-weight
+// chunks out of shared memory and take dp4a dot products with the activations (L1/L2-resident).
+// The next tile's copy is in flight while the current one is decoded.
+
+#define WARPS 4
+#define TILE 2048         // weight bytes per tile (whole blocks; host picks blocks per tile)
+#define TBUF (TILE + 32)  // + alignment slack (tiles start at the 16-byte boundary below)
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Copy blocks [b0, b0 + nb) of a row into buf, starting at the 16-byte boundary at or below
+// the first byte. Whole aligned 16-byte pieces never cross a page, so reading the few bytes
+// outside the row cannot fault.
+__device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb, u8* buf, int lane) {
+    const size_t g0 = (size_t)row + (size_t)b0 * ts;
+    const size_t a0 = g0 & ~(size_t)15;
+    const int n16 = (int)((g0 + (size_t)nb * ts - a0 + 15) >> 4);
+    for (int i = lane; i < n16; i += 32) cp_async16(buf + 16 * i, (const void*)(a0 + 16 * (size_t)i));
+    cp_async_commit();
+}
+
+// Activation metadata per 32-block: d, s = d * sum(q), and the two 16-value integer sums
+// (low half in bits 0..15, high half in bits 16..31, each as int16).
+struct QMeta {
+    float d, s;
+    int sums;
+    int pad;
+};
+
+template <class T>
+__device__ __forceinline__ float chunk_dot(const Chunk& r, const i8* q8, const QMeta& m) {
+    const int4 a = __ldg((const int4*)q8);
+    const int4 c = __ldg((const int4*)q8 + 1);
+    int i0 = __dp4a(r.q[0], a.x, 0);
+    i0 = __dp4a(r.q[1], a.y, i0);
+    i0 = __dp4a(r.q[2], a.z, i0);
+    i0 = __dp4a(r.q[3], a.w, i0);
+    int i1 = __dp4a(r.q[4], c.x, 0);
+    i1 = __dp4a(r.q[5], c.y, i1);
+    i1 = __dp4a(r.q[6], c.z, i1);
+    i1 = __dp4a(r.q[7], c.w, i1);
+    const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
+    if (T::IOFF != 0) {
+        i0 += T::IOFF * s0;
+        i1 += T::IOFF * s1;
+    }
+    float f = r.sc[0] * (float)i0 + r.sc[1] * (float)i1;
+    if (T::MIN) f += r.mn[0] * (float)s0 + r.mn[1] * (float)s1;
+    return m.d * f;
+}
+
+// acc[c] += row . column c over the whole row.
+template <class T, int NC>
+__device__ __forceinline__ void row_dot(const u8* __restrict__ row, int nblk, int tile_blocks, int k,
+                                        const i8* __restrict__ q8, const QMeta* __restrict__ meta,
+                                        u8* sbuf, float (&acc)[NC]) {
+    constexpr int CPB = T::BS / 32;  // 32-weight chunks per block
+    const int lane = threadIdx.x & 31;
+    const int kb = k / 32;
+    const int ntiles = (nblk + tile_blocks - 1) / tile_blocks;
+    issue_tile(row, T::TS, 0, min(nblk, tile_blocks), sbuf, lane);
+    for (int t = 0; t < ntiles; ++t) {
+        const int b0 = t * tile_blocks;
+        const int nb = min(nblk - b0, tile_blocks);
+        if (t + 1 < ntiles) {
+            const int b1 = b0 + tile_blocks;
+            issue_tile(row, T::TS, b1, min(nblk - b1, tile_blocks), sbuf + ((t + 1) & 1) * TBUF, lane);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const u8* base = sbuf + (t & 1) * TBUF + (((size_t)row + (size_t)b0 * T::TS) & 15);
+        const int nch = nb * CPB;
+        for (int c = lane; c < nch; c += 32) {
+            Chunk r;
+            T::decode(base + (c / CPB) * T::TS, c % CPB, r);
+            const int gc = b0 * CPB + c;  // chunk index along the row = activation block
+#pragma unroll
+            for (int j = 0; j < NC; ++j)
+                acc[j] += chunk_dot<T>(r, q8 + (size_t)j * k + 32 * (size_t)gc, meta[(size_t)j * kb + gc]);
+        }
+        __syncwarp();
+    }
+}
+
+template <int NC>
+__device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
+#pragma unroll
+    for (int j = 0; j < NC; ++j)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(FULL_MASK, acc[j], o);
+}
+
+// out (NC, rows) = W (rows, k) . Q8(x) (NC, k)
+template <int ID, int NC>
+__global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
+                                                   int tile_blocks, const i8* __restrict__ q8,
+                                                   const QMeta* __restrict__ meta, float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
+    const int warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * WARPS + warp;
+    if (r >= rows) return;
+    float acc[NC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
+    row_dot<T, NC>(w + (size_t)r * row_bytes, k / T::BS, tile_blocks, k, q8, meta, smem[warp], acc);
+    warp_sum<NC>(acc);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) out[(size_t)j * rows + r] = acc[j];
+    }
+}
+
+// Experts: out (ncols, n_used, rows); pair p = col * n_used + slot uses expert ids[p]'s matrix
+// and activation column col. An id out of range writes NaN (the host checks ids it can see).
+template <int ID>
+__global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w, long long expert_bytes,
+                                                       int n_expert, const int* __restrict__ ids, int n_used,
+                                                       int rows, int row_bytes, int k, int tile_blocks,
+                                                       const i8* __restrict__ q8, const QMeta* __restrict__ meta,
+                                                       float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
+    const int warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * WARPS + warp;
+    const int p = blockIdx.y;
+    if (r >= rows) return;
+    const int e = ids[p];
+    const int col = p / n_used;
+    if (e < 0 || e >= n_expert) {
+        if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    float acc[1] = {0.0f};
+    row_dot<T, 1>(w + (size_t)e * expert_bytes + (size_t)r * row_bytes, k / T::BS, tile_blocks, k,
+                  q8 + (size_t)col * k, meta + (size_t)col * (k / 32), smem[warp], acc);
+    warp_sum<1>(acc);
+    if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = acc[0];
+}
+
+// ---------------------------------------------------------------- activation quantization
+// One warp per 32-block: d = amax / 127, q = roundf(x / d) (IEEE division, as numpy),
+// s = d * sum(q). Matches strata.kernels.activation_quant bit for bit.
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int nblocks, i8* __restrict__ q8,
+                                         QMeta* __restrict__ meta) {
+    const int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;
+    const float v = x[(size_t)blk * 32 + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const int q = d == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
+    int lo = lane < 16 ? q : 0, hi = lane < 16 ? 0 : q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        lo += __shfl_xor_sync(FULL_MASK, lo, o);
+        hi += __shfl_xor_sync(FULL_MASK, hi, o);
+    }
+    q8[(size_t)blk * 32 + lane] = (i8)q;
+    if (lane == 0) {
+        QMeta m;
+        m.d = d;
+        m.s = __fmul_rn(d, (float)(lo + hi));
+        m.sums = (lo & 0xFFFF) | (hi << 16);
+        m.pad = 0;
+        meta[blk] = m;
+    }
+}
+
+// ---------------------------------------------------------------- plain float weights
+// F32 / F16 / BF16 rows times float32 columns (no activation quantization), one warp per row,
+// 16-byte loads when rows are 16-byte aligned and a whole number of vectors (VEC).
+template <int ID> struct FloatOf;
+template <> struct FloatOf<0> {
+    static constexpr int ES = 4, PER16 = 4;
+    __device__ static __forceinline__ float get(const u8* p, int i) { return ((const float*)p)[i]; }
+    __device__ static __forceinline__ void unpack(uint4 v, float* f) {
+        f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+    }
+};
+template <> struct FloatOf<1> {
+    static constexpr int ES = 2, PER16 = 8;
+    __device__ static __forceinline__ float get(const u8* p, int i) { return h2f(((const u16*)p)[i]); }
+    __device__ static __forceinline__ void unpack(uint4 v, float* f) {
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { f[2 * i] = h2f((u16)(w[i] & 0xFFFF)); f[2 * i + 1] = h2f((u16)(w[i] >> 16)); }
+    }
+};
+template <> struct FloatOf<30> {
+    static constexpr int ES = 2, PER16 = 8;
+    __device__ static __forceinline__ float get(const u8* p, int i) { return bf2f(((const u16*)p)[i]); }
+    __device__ static __forceinline__ void unpack(uint4 v, float* f) {
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) { f[2 * i] = bf2f((u16)(w[i] & 0xFFFF)); f[2 * i + 1] = bf2f((u16)(w[i] >> 16)); }
+    }
+};
+
+template <int ID, int NC>
+__device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k, const float* __restrict__ x,
+                                              float (&acc)[NC], bool vec) {
+    typedef FloatOf<ID> F;
+    const int lane = threadIdx.x & 31;
+    if (vec) {
+        const int nv = k / F::PER16;
+        for (int v = lane; v < nv; v += 32) {
+            float f[F::PER16];
+            F::unpack(__ldg((const uint4*)row + v), f);
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                const float4* xp = (const float4*)(x + (size_t)j * k + (size_t)v * F::PER16);
+#pragma unroll
+                for (int u = 0; u < F::PER16 / 4; ++u) {
+                    const float4 xv = __ldg(xp + u);
+                    acc[j] += f[4 * u] * xv.x + f[4 * u + 1] * xv.y + f[4 * u + 2] * xv.z + f[4 * u + 3] * xv.w;
+                }
+            }
+        }
+    } else {
+        for (int i = lane; i < k; i += 32) {
+            const float wv = F::get(row, i);
+#pragma unroll
+            for (int j = 0; j < NC; ++j) acc[j] += wv * x[(size_t)j * k + i];
+        }
+    }
+}
+
+template <int ID, int NC>
+__global__ void __launch_bounds__(WARPS * 32) mmvf(const u8* __restrict__ w, int rows, int row_bytes, int k,
+                                                   const float* __restrict__ x, float* __restrict__ out, int vec) {
+    const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    float acc[NC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
+    float_row_dot<ID, NC>(w + (size_t)r * row_bytes, k, x, acc, vec != 0);
+    warp_sum<NC>(acc);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) out[(size_t)j * rows + r] = acc[j];
+    }
+}
+
+template <int ID>
+__global__ void __launch_bounds__(WARPS * 32) mmvf_ids(const u8* __restrict__ w, long long expert_bytes,
+                                                       int n_expert, const int* __restrict__ ids, int n_used,
+                                                       int rows, int row_bytes, int k, const float* __restrict__ x,
+                                                       float* __restrict__ out, int vec) {
+    const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int p = blockIdx.y;
+    if (r >= rows) return;
+    const int e = ids[p];
+    if (e < 0 || e >= n_expert) {
+        if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = __int_as_float(0x7fc00000);
+        return;
+    }
+    float acc[1] = {0.0f};
+    float_row_dot<ID, 1>(w + (size_t)e * expert_bytes + (size_t)r * row_bytes, k, x + (size_t)(p / n_used) * k,
+                         acc, vec != 0);
+    warp_sum<1>(acc);
+    if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = acc[0];
+}
