@@ -1,0 +1,142 @@
+"""CUDA MMVQ kernels against the numpy mirrors (strata.kernels.mmvq_numpy), on a GPU.
+
+Every supported type x ncols in {1, 2, 3, 4, 8}, plus the experts variant, on fresh random
+valid blocks (strata.kernels.random_blocks) and fresh random activations each run; outputs
+are poisoned with NaN before each launch so an unwritten element fails. Bound: the relative
+error ||gpu - mirror|| / ||mirror|| < 2e-5 (both accumulate in float32, in different orders;
+the activation quantization is checked bit-exact separately).
+Skips cleanly without CuPy or a device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    _HAVE_GPU = cp.cuda.is_available()
+except Exception:  # a broken driver install raises instead of answering
+    _HAVE_GPU = False
+if not _HAVE_GPU:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from strata.kernels import mmvq_numpy  # noqa: E402
+from strata.kernels.activation_quant import quantize_activations  # noqa: E402
+from strata.kernels.cuda import mmvq as gpu  # noqa: E402
+from strata.kernels.ggml_types import type_by_id  # noqa: E402
+from strata.kernels.random_blocks import random_blocks  # noqa: E402
+
+REL_BOUND = 2e-5
+ROWS = 37  # not a multiple of the 4 rows per thread block: exercises the tail
+K = 4352  # 17 super-blocks: Q8_0 rows span 3 tiles, Q4_K 2 (multi-tile streaming)
+NCOLS = (1, 2, 3, 4, 8)
+SEED = int.from_bytes(os.urandom(4), "little")
+TYPES = [t for t in gpu.supported_types()]
+NAMES = [type_by_id(t).name for t in TYPES]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    gpu.compile_all()
+
+
+def _rng(*salt):
+    return np.random.default_rng([SEED, *salt])
+
+
+def _rel(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(out.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _x(rng, ncols, k):
+    x = rng.standard_normal((ncols, k)).astype(np.float32)
+    x[:, rng.integers(0, k, 5)] *= 8.0  # a few outliers, as real activations have
+    return x
+
+
+def test_quantize_matches_numpy_bit_exact():
+    rng = _rng(0)
+    x = _x(rng, 5, 2048)
+    x[1, 64:96] = 0.0  # an all-zero block: d = 0, q = 0
+    x[2, 0] = 127.0  # d = 1 exactly, so the next values sit on .5 ties (roundf: away from zero)
+    x[2, 1:32] = np.arange(31, dtype=np.float32) - np.float32(14.5)
+    ref = quantize_activations(x)
+    buf = gpu.quantize_q8_1(cp.asarray(x))
+    np.testing.assert_array_equal(cp.asnumpy(buf.q), ref.q)
+    np.testing.assert_array_equal(cp.asnumpy(buf.d), ref.d)
+    np.testing.assert_array_equal(cp.asnumpy(buf.s), ref.s)
+
+
+@pytest.mark.parametrize("type_id", TYPES, ids=NAMES)
+def test_mmvq_matches_mirror(type_id):
+    failures = []
+    for ncols in NCOLS:
+        rng = _rng(type_id, ncols)
+        w = random_blocks(type_id, ROWS, K, rng)
+        x = _x(rng, ncols, K)
+        ref = mmvq_numpy.mmvq(type_id, w, x)
+        out = cp.full((ncols, ROWS), cp.nan, dtype=cp.float32)
+        gpu.mmvq(type_id, cp.asarray(w), ROWS, K, cp.asarray(x), out=out)
+        got = cp.asnumpy(out)
+        rel = _rel(got, ref) if np.isfinite(got).all() else float("inf")
+        if not rel < REL_BOUND:
+            failures.append(f"ncols={ncols}: rel error {rel:.3g}")
+    assert not failures, f"{type_by_id(type_id).name} (seed {SEED}): " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("type_id", TYPES, ids=NAMES)
+def test_mmvq_experts_matches_mirror(type_id):
+    n_expert, rows, k = 5, 33, 1280
+    rng = _rng(type_id, 99)
+    w = np.stack([random_blocks(type_id, rows, k, rng) for _ in range(n_expert)])
+    for ncols, n_used in ((1, 2), (3, 4)):
+        ids = rng.integers(0, n_expert, (ncols, n_used)).astype(np.int32)
+        x = _x(rng, ncols, k)
+        ref = mmvq_numpy.mmvq_experts(type_id, w, ids, x)
+        out = cp.full((ncols, n_used, rows), cp.nan, dtype=cp.float32)
+        gpu.mmvq_experts(type_id, cp.asarray(w), cp.asarray(ids), cp.asarray(x), out=out)
+        got = cp.asnumpy(out)
+        assert np.isfinite(got).all(), f"unwritten outputs (seed {SEED})"
+        assert _rel(got, ref) < REL_BOUND, f"ncols={ncols}: rel {_rel(got, ref):.3g} (seed {SEED})"
+
+
+def test_experts_bad_id_gives_nan_rows():
+    tid = type_by_id(2).id  # Q4_0
+    rng = _rng(7)
+    w = np.stack([random_blocks(tid, 8, 256, rng) for _ in range(2)])
+    ids = cp.asarray(np.array([[0, 5]], dtype=np.int32))
+    out = cp.asnumpy(gpu.mmvq_experts(tid, cp.asarray(w), ids, cp.asarray(_x(rng, 1, 256))))
+    assert np.isfinite(out[0, 0]).all() and np.isnan(out[0, 1]).all()
+
+
+def test_more_columns_than_one_launch():
+    tid = 12  # Q4_K
+    rng = _rng(11)
+    w = random_blocks(tid, 20, 512, rng)
+    x = _x(rng, 11, 512)  # 8 + 3 columns: two launches
+    got = cp.asnumpy(gpu.mmvq(tid, cp.asarray(w), 20, 512, cp.asarray(x)))
+    assert _rel(got, mmvq_numpy.mmvq(tid, w, x)) < REL_BOUND
+
+
+def test_registers_every_type_in_native_table():
+    from strata.kernels.native_table import NativeTable
+
+    table = NativeTable()
+    gpu.register(table)
+    assert {k.type_id for k in table.kernels("cuda")} == set(gpu.supported_types())
+    k = table.lookup("cuda", 42)  # Q2_0
+    rng = _rng(12)
+    w = random_blocks(42, 9, 256, rng)
+    x = _x(rng, 2, 256)
+    assert k.max_cols == gpu.MAX_COLS
+    assert _rel(cp.asnumpy(k.impl(w, x)), mmvq_numpy.mmvq(42, w, x)) < REL_BOUND
+
+
+def test_rejects_bad_shapes():
+    with pytest.raises(ValueError):
+        gpu.mmvq(12, cp.zeros(100, dtype=cp.uint8), 1, 256, cp.zeros((1, 256), dtype=cp.float32))
+    with pytest.raises(ValueError):
+        gpu.mmvq(15, cp.zeros(292, dtype=cp.uint8), 1, 256, cp.zeros((1, 256), dtype=cp.float32))  # Q8_K
