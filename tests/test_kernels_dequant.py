@@ -248,3 +248,16 @@ def test_dequantize_accepts_bytes_memoryview_and_arrays():
 def test_bad_input_is_a_strata_error(type_id, raw, n, words):
     with pytest.raises(StrataError, match=words):
         dequantize(type_id, raw, n)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "F16"])
+def test_chunked_large_tensor_equals_one_pass(name):
+    # dequantize() works through big tensors in CHUNK_WEIGHTS pieces; the last piece is partial.
+    from strata.kernels.dequant import CHUNK_WEIGHTS
+
+    gtype = BY_NAME[name]
+    cols = 256 * 3
+    rows = CHUNK_WEIGHTS // cols * 2 + 5
+    data = random_blocks(gtype.id, rows, cols, np.random.default_rng(3))
+    whole = DEQUANTIZERS[gtype.id](data.reshape(-1, gtype.type_size)).reshape(-1)
+    assert_bit_equal(dequantize(gtype.id, data, rows * cols), whole)
