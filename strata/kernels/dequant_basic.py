@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from strata.kernels.blockfields import (
+    as_f32,
     bits_lsb,
     f16_scale,
     field,
     lut,
     nibbles,
+    nibbles_f32,
     scaled,
-    scaled_plus,
 )
 from strata.kernels.iq_tables import KVALUES_FP4
 
@@ -39,23 +40,20 @@ def dequant_bf16(blocks: np.ndarray) -> np.ndarray:
 
 # ---- 32-weight blocks with an f16 scale ---------------------------------------------------
 
-_Q4_CENTERED = lut(np.arange(16) - 8)
-_Q5_CENTERED = lut(np.arange(32) - 16)
-_UNSIGNED = lut(np.arange(256))
-
 
 def dequant_q4_0(blocks: np.ndarray) -> np.ndarray:
     # half d; u8 qs[16]: weight j = low nibble of qs[j], weight j+16 = high nibble; (q - 8) * d
-    n = len(blocks)
-    d = f16_scale(blocks, 0)
-    return scaled(_Q4_CENTERED, nibbles(field(blocks, 2, 16)), d, (n, 32))
+    out = nibbles_f32(field(blocks, 2, 16), -8)
+    out *= f16_scale(blocks, 0)
+    return out
 
 
 def dequant_q4_1(blocks: np.ndarray) -> np.ndarray:
     # half d, half m; u8 qs[16]; q * d + m
-    n = len(blocks)
-    d, m = f16_scale(blocks, 0), f16_scale(blocks, 2)
-    return scaled_plus(_UNSIGNED, nibbles(field(blocks, 4, 16)), d, m, (n, 32))
+    out = nibbles_f32(field(blocks, 4, 16))
+    out *= f16_scale(blocks, 0)
+    out += f16_scale(blocks, 2)
+    return out
 
 
 def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
@@ -65,16 +63,17 @@ def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
 
 def dequant_q5_0(blocks: np.ndarray) -> np.ndarray:
     # half d; u8 qh[4]; u8 qs[16]; (q - 16) * d
-    n = len(blocks)
-    d = f16_scale(blocks, 0)
-    return scaled(_Q5_CENTERED, _five_bit(field(blocks, 2, 4), field(blocks, 6, 16)), d, (n, 32))
+    out = as_f32(_five_bit(field(blocks, 2, 4), field(blocks, 6, 16)), -16)
+    out *= f16_scale(blocks, 0)
+    return out
 
 
 def dequant_q5_1(blocks: np.ndarray) -> np.ndarray:
     # half d, half m; u8 qh[4]; u8 qs[16]; q * d + m
-    n = len(blocks)
-    d, m = f16_scale(blocks, 0), f16_scale(blocks, 2)
-    return scaled_plus(_UNSIGNED, _five_bit(field(blocks, 4, 4), field(blocks, 8, 16)), d, m, (n, 32))
+    out = as_f32(_five_bit(field(blocks, 4, 4), field(blocks, 8, 16)))
+    out *= f16_scale(blocks, 0)
+    out += f16_scale(blocks, 2)
+    return out
 
 
 def dequant_q8_0(blocks: np.ndarray) -> np.ndarray:
@@ -93,15 +92,16 @@ def dequant_q8_1(blocks: np.ndarray) -> np.ndarray:
 
 # ---- 1- and 2-bit mainline formats ----------------------------------------------------------
 
-_SIGN = lut([-1, 1])
-_Q2_0_LEVELS = lut([-1, 0, 1, 2])
 _TWO_BIT_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
 
 
 def dequant_q1_0(blocks: np.ndarray) -> np.ndarray:
     # half d; u8 qs[16] = 128 sign bits, LSB first; set bit -> +d, clear bit -> -d
-    n = len(blocks)
-    return scaled(_SIGN, bits_lsb(field(blocks, 2, 16)), f16_scale(blocks, 0), (n, 128))
+    out = as_f32(bits_lsb(field(blocks, 2, 16)))
+    out *= 2
+    out -= 1  # 2 * bit - 1 = +-1 exactly, so the product below is exactly +-d
+    out *= f16_scale(blocks, 0)
+    return out
 
 
 def _crumbs(qs: np.ndarray) -> np.ndarray:
@@ -112,8 +112,9 @@ def _crumbs(qs: np.ndarray) -> np.ndarray:
 def dequant_q2_0(blocks: np.ndarray) -> np.ndarray:
     # half d; u8 qs[16]: weight j in bits 2*(j%4) of qs[j/4]; (c - 1) * d
     n = len(blocks)
-    codes = _crumbs(field(blocks, 2, 16)).reshape(n, 64)
-    return scaled(_Q2_0_LEVELS, codes, f16_scale(blocks, 0), (n, 64))
+    out = as_f32(_crumbs(field(blocks, 2, 16)).reshape(n, 64), -1)
+    out *= f16_scale(blocks, 0)
+    return out
 
 
 def dequant_tq2_0(blocks: np.ndarray) -> np.ndarray:
@@ -121,9 +122,9 @@ def dequant_tq2_0(blocks: np.ndarray) -> np.ndarray:
     # of the 32 bytes gives 32 consecutive weights.
     n = len(blocks)
     qs = field(blocks, 0, 64).reshape(n, 2, 32)
-    codes = np.swapaxes(_crumbs(qs), 2, 3)  # (n, run, plane, byte)
-    d = f16_scale(blocks, 64).reshape(n, 1, 1, 1)
-    return scaled(_Q2_0_LEVELS, codes, d, (n, 256))
+    out = as_f32(np.swapaxes(_crumbs(qs), 2, 3).reshape(n, 256), -1)  # (run, plane, byte)
+    out *= f16_scale(blocks, 64)
+    return out
 
 
 # Base-3 digits as TQ1_0 stores them: byte b holds digits so that digit n is

@@ -10,17 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.kernels.blockfields import (
-    f16_scale,
-    f32_scale,
-    field,
-    lut,
-    nibbles,
-    scaled,
-    scaled_minus,
-)
-
-_UNSIGNED = lut(np.arange(256))
+from strata.kernels.blockfields import as_f32, f16_scale, f32_scale, field, nibbles, nibbles_f32
 _PLANE_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
 
 
@@ -36,11 +26,12 @@ def dequant_q2_k(blocks: np.ndarray) -> np.ndarray:
     sc = field(blocks, 0, 16)
     dl = f16_scale(blocks, 80) * (sc & 0xF).astype(np.float32)
     ml = f16_scale(blocks, 82) * (sc >> 4).astype(np.float32)
-    codes = _two_bit_planes(field(blocks, 16, 64)).reshape(n, 16, 16)
-    return scaled_minus(_UNSIGNED, codes, dl[:, :, None], ml[:, :, None], (n, 256))
+    out = as_f32(_two_bit_planes(field(blocks, 16, 64)).reshape(n, 16, 16))
+    out *= dl[:, :, None]
+    out -= ml[:, :, None]
+    return out.reshape(n, 256)
 
 
-_Q3_LEVELS = lut(np.arange(8) - 4)  # low 2 bits + 4 * high bit, minus 4
 _HMASK_SHIFTS = np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)
 
 
@@ -60,9 +51,9 @@ def dequant_q3_k(blocks: np.ndarray) -> np.ndarray:
     # High bit of weight (run r, plane j, byte l) is bit 4r+j of hmask[l]; hmask is shared by
     # both runs (ggml keeps one pointer and shifts the mask across all 8 planes).
     high = (field(blocks, 0, 32).reshape(n, 1, 1, 32) >> _HMASK_SHIFTS) & 1
-    codes = (low | (high << 2)).reshape(n, 16, 16)
-    dl = f16_scale(blocks, 108) * (_q3_k_scales(field(blocks, 96, 12)) - 32).astype(np.float32)
-    return scaled(_Q3_LEVELS, codes, dl[:, :, None], (n, 256))
+    out = as_f32((low | (high << 2)).reshape(n, 16, 16), -4)  # low bits + 4 * high bit - 4
+    out *= (f16_scale(blocks, 108) * (_q3_k_scales(field(blocks, 96, 12)) - 32).astype(np.float32))[:, :, None]
+    return out.reshape(n, 256)
 
 
 def k4_scales_mins(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -91,10 +82,14 @@ def _four_bit_runs(qs: np.ndarray) -> np.ndarray:
 
 
 def dequant_q4_k(blocks: np.ndarray) -> np.ndarray:
-    # half d; half dmin; u8 scales[12]; u8 qs[128]; (d*sc) * q - (dmin*m)
+    # half d; half dmin; u8 scales[12]; u8 qs[128] (4 runs of 32 bytes: low nibbles are
+    # sub-block 2r, high nibbles 2r+1); (d*sc) * q - (dmin*m)
+    n = len(blocks)
     d1, m1 = _k_scale_pair(blocks)
-    codes = _four_bit_runs(field(blocks, 16, 128))
-    return scaled_minus(_UNSIGNED, codes, d1, m1, (len(blocks), 256))
+    out = nibbles_f32(field(blocks, 16, 128).reshape(n, 4, 32)).reshape(n, 8, 32)
+    out *= d1
+    out -= m1
+    return out.reshape(n, 256)
 
 
 _SUB_BITS = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
@@ -106,11 +101,10 @@ def dequant_q5_k(blocks: np.ndarray) -> np.ndarray:
     n = len(blocks)
     d1, m1 = _k_scale_pair(blocks)
     high = (field(blocks, 16, 32).reshape(n, 1, 32) >> _SUB_BITS) & 1
-    codes = _four_bit_runs(field(blocks, 48, 128)) | (high << 4)
-    return scaled_minus(_UNSIGNED, codes, d1, m1, (n, 256))
-
-
-_Q6_LEVELS = lut(np.arange(64) - 32)
+    out = as_f32(_four_bit_runs(field(blocks, 48, 128)) | (high << 4))
+    out *= d1
+    out -= m1
+    return out.reshape(n, 256)
 
 
 def dequant_q6_k(blocks: np.ndarray) -> np.ndarray:
@@ -120,9 +114,9 @@ def dequant_q6_k(blocks: np.ndarray) -> np.ndarray:
     ql = field(blocks, 0, 128).reshape(n, 2, 64)
     qh = field(blocks, 128, 64).reshape(n, 2, 1, 32)
     low = nibbles(ql).reshape(n, 2, 4, 32)
-    codes = (low | (((qh >> _PLANE_SHIFTS) & 3) << 4)).reshape(n, 16, 16)
-    d = f16_scale(blocks, 208) * field(blocks, 192, 16, "i1").astype(np.float32)
-    return scaled(_Q6_LEVELS, codes, d[:, :, None], (n, 256))
+    out = as_f32((low | (((qh >> _PLANE_SHIFTS) & 3) << 4)).reshape(n, 16, 16), -32)
+    out *= (f16_scale(blocks, 208) * field(blocks, 192, 16, "i1").astype(np.float32))[:, :, None]
+    return out.reshape(n, 256)
 
 
 def dequant_q8_k(blocks: np.ndarray) -> np.ndarray:
