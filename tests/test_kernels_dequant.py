@@ -261,3 +261,15 @@ def test_chunked_large_tensor_equals_one_pass(name):
     data = random_blocks(gtype.id, rows, cols, np.random.default_rng(3))
     whole = DEQUANTIZERS[gtype.id](data.reshape(-1, gtype.type_size)).reshape(-1)
     assert_bit_equal(dequantize(gtype.id, data, rows * cols), whole)
+
+
+def test_dequantize_rows_keeps_the_matrix_shape():
+    from strata.kernels.dequant import dequantize_rows
+
+    gtype = BY_NAME["Q6_K"]
+    data = random_blocks(gtype.id, 3, 512, np.random.default_rng(4))
+    out = dequantize_rows(gtype.id, data)
+    assert out.shape == (3, 512)
+    assert np.array_equal(out[1], dequantize(gtype.id, data[1], 512))
+    with pytest.raises(StrataError, match="not whole 210-byte blocks"):
+        dequantize_rows(gtype.id, data[:, :-1])

@@ -79,3 +79,12 @@ def dequantize(type_id: int, raw: np.ndarray | bytes | bytearray | memoryview, n
     for start in range(0, len(blocks), per_chunk):
         out[start : start + per_chunk] = fn(blocks[start : start + per_chunk])
     return out.reshape(-1)
+
+
+def dequantize_rows(type_id: int, rows: np.ndarray) -> np.ndarray:
+    """(n_rows, row_bytes) uint8 tensor data -> (n_rows, row_len) float32 weights."""
+    gtype = _ggml_type(type_id)
+    if rows.ndim != 2 or rows.shape[1] % gtype.type_size:
+        raise StrataError(f"{gtype.name}: rows of {rows.shape[-1]} bytes are not whole {gtype.type_size}-byte blocks")
+    row_len = rows.shape[1] // gtype.type_size * gtype.block_size
+    return dequantize(type_id, rows, rows.shape[0] * row_len).reshape(rows.shape[0], row_len)
