@@ -250,7 +250,7 @@ def test_bad_input_is_a_strata_error(type_id, raw, n, words):
         dequantize(type_id, raw, n)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "F16"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "IQ3_S"])
 def test_chunked_large_tensor_equals_one_pass(name):
     # dequantize() works through big tensors in CHUNK_WEIGHTS pieces; the last piece is partial.
     from strata.kernels.dequant import CHUNK_WEIGHTS

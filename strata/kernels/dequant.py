@@ -70,11 +70,12 @@ def dequantize(type_id: int, raw: np.ndarray | bytes | bytearray | memoryview, n
     blocks = as_blocks(type_id, raw, n_elements)
     fn = DEQUANTIZERS[type_id]
     per_chunk = max(1, CHUNK_WEIGHTS // BY_ID[type_id].block_size)
-    if len(blocks) <= per_chunk:
+    if not BY_ID[type_id].quantized or len(blocks) <= per_chunk:
         # Every dequantizer allocates its result, so this is the caller's own writable array.
         return fn(blocks).reshape(-1)
-    # Large tensors go chunk by chunk so the uint8/float32 temporaries stay in cache: 1.3-2x
-    # faster than one pass over a 28M-weight tensor (measured, bench/bench_kernels_dequant.py).
+    # Large quantized tensors go chunk by chunk so the uint8/float32 temporaries stay in cache:
+    # up to 1.3-2x faster than one pass over a 28M-weight tensor (bench/bench_kernels_dequant.py).
+    # Plain types have no temporaries to save, so they take the single pass above.
     out = np.empty((len(blocks), BY_ID[type_id].block_size), dtype=np.float32)
     for start in range(0, len(blocks), per_chunk):
         out[start : start + per_chunk] = fn(blocks[start : start + per_chunk])
