@@ -104,11 +104,13 @@ def _function(type_id: int, name: str):
 # ------------------------------------------------------------------ activations
 @dataclass
 class Q8Buffer:
-    """Quantized activations on the device: q int8 (ncols, k); meta (ncols, k/32) records of
-    float32 d, float32 s = d*sum(q), the two 16-value int16 sums packed, padding (16 bytes)."""
+    """Quantized activations on the device: q int8 (ncols, k); meta (ncols, k/32, 2) int32
+    records of float32 d and the two 16-value int16 sums of q packed (what the kernels read);
+    s float32 (ncols, k/32) = d * sum(q) (activation_quant's s, for callers)."""
 
     q: object
     meta: object
+    s: object
     ncols: int
     k: int
 
@@ -116,14 +118,11 @@ class Q8Buffer:
     def d(self):
         return self.meta.view(_cp().float32)[..., 0]
 
-    @property
-    def s(self):
-        return self.meta.view(_cp().float32)[..., 1]
-
 
 def empty_q8(ncols: int, k: int) -> Q8Buffer:
     cp = _cp()
-    return Q8Buffer(cp.empty((ncols, k), dtype=cp.int8), cp.empty((ncols, k // QK, 4), dtype=cp.int32), ncols, k)
+    return Q8Buffer(cp.empty((ncols, k), dtype=cp.int8), cp.empty((ncols, k // QK, 2), dtype=cp.int32),
+                    cp.empty((ncols, k // QK), dtype=cp.float32), ncols, k)
 
 
 def quantize_q8_1(x_dev, out: Q8Buffer | None = None) -> Q8Buffer:
@@ -140,7 +139,7 @@ def quantize_q8_1(x_dev, out: Q8Buffer | None = None) -> Q8Buffer:
     if nblocks:
         threads = 256
         grid = (nblocks * 32 + threads - 1) // threads
-        _quant_kernel()((grid,), (threads,), (x, np.int32(nblocks), buf.q, buf.meta))
+        _quant_kernel()((grid,), (threads,), (x, np.int32(nblocks), buf.q, buf.meta, buf.s))
     return buf
 
 
@@ -150,6 +149,25 @@ def _tile_blocks(type_size: int, nblk: int) -> int:
     most = max(1, (TILE - 16) // type_size)
     ntiles = -(-nblk // most)
     return -(-nblk // ntiles)
+
+
+@functools.cache
+def _resident_warps(type_id: int, name: str) -> int:
+    """Warps of this kernel that stay resident on the whole device at once (occupancy from
+    its registers and shared memory), so a grid of that many warps runs in one wave."""
+    cp = _cp()
+    fn = _function(type_id, name)
+    attrs = cp.cuda.Device().attributes
+    regs_per_warp = -(-fn.num_regs * 32 // 256) * 256
+    by_regs = attrs["MaxRegistersPerMultiprocessor"] // max(1, regs_per_warp * WARPS)
+    by_smem = attrs["MaxSharedMemoryPerMultiprocessor"] // (fn.shared_size_bytes + 1024)
+    by_threads = attrs["MaxThreadsPerMultiProcessor"] // (WARPS * 32)
+    per_sm = max(1, min(by_regs, by_smem, by_threads, 32))
+    return attrs["MultiProcessorCount"] * per_sm * WARPS
+
+
+def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1) -> int:
+    return max(1, -(-rows * npairs // _resident_warps(type_id, name)))
 
 
 def _weights(type_id: int, w_dev, k: int):
@@ -208,10 +226,13 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
             fn = _function(t.id, f"mmvf<{t.id}, {nc}>")
             fn(grid, (WARPS * 32,), (w, np.int32(rows), np.int32(row_bytes), np.int32(k), xs, o, vec))
         else:
-            fn = _function(t.id, f"mmvq<{t.id}, {nc}>")
-            fn(grid, (WARPS * 32,), (w, np.int32(rows), np.int32(row_bytes), np.int32(k),
-                                     np.int32(_tile_blocks(t.type_size, k // t.block_size)),
-                                     act.q[c0 : c0 + nc], act.meta[c0 : c0 + nc], o))
+            name = f"mmvq<{t.id}, {nc}>"
+            rpw = _rows_per_warp(t.id, name, rows)
+            qgrid = (-(-rows // (rpw * WARPS)),)
+            _function(t.id, name)(qgrid, (WARPS * 32,), (
+                w, np.int32(rows), np.int32(row_bytes), np.int32(k),
+                np.int32(_tile_blocks(t.type_size, k // t.block_size)), np.int32(rpw),
+                act.q[c0 : c0 + nc], act.meta[c0 : c0 + nc], o))
     return out
 
 
@@ -247,7 +268,10 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None):
     else:
         act = quantize_q8_1(x)
         tb = np.int32(_tile_blocks(t.type_size, k // t.block_size))
-        _function(t.id, f"mmvq_ids<{t.id}>")(grid, (WARPS * 32,), common + (tb, act.q, act.meta, out))
+        name = f"mmvq_ids<{t.id}>"
+        rpw = _rows_per_warp(t.id, name, rows, ncols * n_used)
+        qgrid = (-(-rows // (rpw * WARPS)), ncols * n_used)
+        _function(t.id, name)(qgrid, (WARPS * 32,), common + (tb, np.int32(rpw), act.q, act.meta, out))
     return out
 
 

@@ -15,11 +15,15 @@ template <int ID> struct TypeOf;
 // kvalues as little-endian words, from strata.kernels.iq_tables (generated).
 // KV_IQ4NL_0..3 and KV_FP4_0..3 are #defined by the generated table header.
 
-#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_)                                   \
+// TAB_WORDS / table(): the codebook a type reads (copied to shared memory per thread block;
+// decode gets it as `tab`); 1 / nullptr for types without one.
+#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_)                     \
     template <> struct TypeOf<ID_> {                                             \
-        static constexpr int BS = BS_, TS = TS_, IOFF = IOFF_;                   \
+        static constexpr int BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
         static constexpr bool MIN = MIN_;                                        \
-        __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r)
+        __device__ static __forceinline__ const u32* table() { return TAB_; }     \
+        __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
+#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr)
 
 #define TYPE_TAIL };
 
@@ -88,9 +92,7 @@ TYPE_TAIL
 TYPE_HEAD(20, 32, 18, 0, false) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 w = ld32u(b + 2 + 4 * i);
-        r.q[i] = lut16(w & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
-        r.q[4 + i] = lut16((w >> 4) & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
+        lut16x8(ld32u(b + 2 + 4 * i), KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, r.q[i], r.q[4 + i]);
     }
     r.sc[0] = r.sc[1] = ldh(b);
 }
@@ -100,9 +102,7 @@ TYPE_TAIL
 TYPE_HEAD(39, 32, 17, 0, false) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 w = ld32u(b + 1 + 4 * i);
-        r.q[i] = lut16(w & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
-        r.q[4 + i] = lut16((w >> 4) & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        lut16x8(ld32u(b + 1 + 4 * i), KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, r.q[i], r.q[4 + i]);
     }
     r.sc[0] = r.sc[1] = __uint_as_float(__ldg(&E8M0_HALF_BITS[ld8(b)]));
 }
@@ -115,10 +115,8 @@ TYPE_HEAD(40, 64, 36, 0, false) {
     for (int h = 0; h < 2; ++h) {
         const int s = 2 * sub + h;
         const u32 w0 = ld32a(b + 4 + 8 * s), w1 = ld32a(b + 8 + 8 * s);
-        r.q[4 * h + 0] = lut16(w0 & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
-        r.q[4 * h + 1] = lut16(w1 & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
-        r.q[4 * h + 2] = lut16((w0 >> 4) & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
-        r.q[4 * h + 3] = lut16((w1 >> 4) & 0x0F0F0F0F, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3);
+        lut16x8(w0, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, r.q[4 * h + 0], r.q[4 * h + 2]);
+        lut16x8(w1, KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, r.q[4 * h + 1], r.q[4 * h + 3]);
         r.sc[h] = __uint_as_float(__ldg(&UE4M3_HALF_BITS[ld8(b + s)]));
     }
 }
@@ -300,11 +298,11 @@ __device__ __forceinline__ void signed_pair(const uint2 g, u32 s8, int& a, int& 
 }
 
 // IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
-TYPE_HEAD(16, 256, 66, 0, false) {
+TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, (const u32*)GRID_IQ2XXS) {
     const u32 idx = ld32u(b + 2 + 8 * sub), aux = ld32u(b + 6 + 8 * sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const uint2 g = __ldg(&GRID_IQ2XXS[(idx >> (8 * l)) & 255]);
+        const uint2 g = ((const uint2*)tab)[(idx >> (8 * l)) & 255];
         signed_pair(g, ksigns((aux >> (7 * l)) & 127), r.q[2 * l], r.q[2 * l + 1]);
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.25f;
@@ -312,11 +310,11 @@ TYPE_HEAD(16, 256, 66, 0, false) {
 TYPE_TAIL
 
 // IQ2_XS: half d; u16 qs[32] (9-bit grid index, 7 sign bits); scales[8] (a nibble per 16).
-TYPE_HEAD(17, 256, 74, 0, false) {
+TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512, (const u32*)GRID_IQ2XS) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 v = ld16(b + 2 + 2 * (4 * sub + l));
-        const uint2 g = __ldg(&GRID_IQ2XS[v & 511]);
+        const uint2 g = ((const uint2*)tab)[v & 511];
         signed_pair(g, ksigns(v >> 9), r.q[2 * l], r.q[2 * l + 1]);
     }
     const float d = ldh(b);
@@ -327,12 +325,12 @@ TYPE_HEAD(17, 256, 74, 0, false) {
 TYPE_TAIL
 
 // IQ2_S: half d; qs[32] grid index low bytes, signs[32]; qh[8] (2 high bits per index); scales[8].
-TYPE_HEAD(22, 256, 82, 0, false) {
+TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024, (const u32*)GRID_IQ2S) {
     const u32 qh = ld8(b + 66 + sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 i = ld8(b + 2 + 4 * sub + l) | ((qh << (8 - 2 * l)) & 0x300);
-        const uint2 g = __ldg(&GRID_IQ2S[i]);
+        const uint2 g = ((const uint2*)tab)[i];
         signed_pair(g, ld8(b + 34 + 4 * sub + l), r.q[2 * l], r.q[2 * l + 1]);
     }
     const float d = ldh(b);
@@ -343,13 +341,13 @@ TYPE_HEAD(22, 256, 82, 0, false) {
 TYPE_TAIL
 
 // IQ3_XXS: half d; qs[64] grid indices (4-byte codewords); 8 u32 of 4 x 7 sign bits + scale.
-TYPE_HEAD(18, 256, 98, 0, false) {
+TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS) {
     const u32 aux = ld32u(b + 66 + 4 * sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 s8 = ksigns((aux >> (7 * l)) & 127);
-        const u32 g0 = __ldg(&GRID_IQ3XXS[ld8(b + 2 + 8 * sub + 2 * l)]);
-        const u32 g1 = __ldg(&GRID_IQ3XXS[ld8(b + 3 + 8 * sub + 2 * l)]);
+        const u32 g0 = tab[ld8(b + 2 + 8 * sub + 2 * l)];
+        const u32 g1 = tab[ld8(b + 3 + 8 * sub + 2 * l)];
         r.q[2 * l] = apply_signs(g0, sign_mask4(s8 & 15));
         r.q[2 * l + 1] = apply_signs(g1, sign_mask4(s8 >> 4));
     }
@@ -358,15 +356,15 @@ TYPE_HEAD(18, 256, 98, 0, false) {
 TYPE_TAIL
 
 // IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
-TYPE_HEAD(21, 256, 110, 0, false) {
+TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S) {
     const u32 qh = ld8(b + 66 + sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 i0 = ld8(b + 2 + 8 * sub + 2 * l) | ((qh << (8 - 2 * l)) & 256);
         const u32 i1 = ld8(b + 3 + 8 * sub + 2 * l) | ((qh << (7 - 2 * l)) & 256);
         const u32 s8 = ld8(b + 74 + 4 * sub + l);
-        r.q[2 * l] = apply_signs(__ldg(&GRID_IQ3S[i0]), sign_mask4(s8 & 15));
-        r.q[2 * l + 1] = apply_signs(__ldg(&GRID_IQ3S[i1]), sign_mask4(s8 >> 4));
+        r.q[2 * l] = apply_signs(tab[i0], sign_mask4(s8 & 15));
+        r.q[2 * l + 1] = apply_signs(tab[i1], sign_mask4(s8 >> 4));
     }
     const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
     r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);
@@ -375,35 +373,35 @@ TYPE_TAIL
 
 // IQ1 grids hold 8 * g + 16 per byte (g in -1..1); +-1 for the delta keeps every byte in
 // 7..25, so one word add/subtract is exact; IOFF -16 and scale / 8 give dl * (g +- 1/8).
-__device__ __forceinline__ void iq1_group(u32 index, bool neg, int& a, int& c) {
-    const uint2 g = __ldg(&GRID_IQ1S[index]);
+__device__ __forceinline__ void iq1_group(const u32* tab, u32 index, bool neg, int& a, int& c) {
+    const uint2 g = ((const uint2*)tab)[index];
     const u32 delta = 0x01010101u;
     a = neg ? g.x - delta : g.x + delta;
     c = neg ? g.y - delta : g.y + delta;
 }
 
 // IQ1_S: half d; qs[32] index low bytes; u16 qh[8]: 4 x 3 index bits, 3-bit scale, delta sign.
-TYPE_HEAD(19, 256, 50, -16, false) {
+TYPE_HEAD_TAB(19, 256, 50, -16, false, 2 * 2048, (const u32*)GRID_IQ1S) {
     const u32 qh = ld16(b + 34 + 2 * sub);
     const bool neg = (qh & 0x8000) != 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l)
-        iq1_group(ld8(b + 2 + 4 * sub + l) | (((qh >> (3 * l)) & 7) << 8), neg, r.q[2 * l], r.q[2 * l + 1]);
+        iq1_group(tab, ld8(b + 2 + 4 * sub + l) | (((qh >> (3 * l)) & 7) << 8), neg, r.q[2 * l], r.q[2 * l + 1]);
     r.sc[0] = r.sc[1] = (ldh(b) * (float)(2 * ((qh >> 12) & 7) + 1)) * 0.125f;
 }
 TYPE_TAIL
 
 // IQ1_M: qs[32]; qh[16] (per 8 weights: 3 index bits + delta sign); scales[8] as u16[4]:
 // 3-bit scales per 16 weights, and the f16 super-scale in their top nibbles.
-TYPE_HEAD(29, 256, 56, -16, false) {
+TYPE_HEAD_TAB(29, 256, 56, -16, false, 2 * 2048, (const u32*)GRID_IQ1S) {
     const u32 s0 = ld16(b + 48), s1 = ld16(b + 50), s2 = ld16(b + 52), s3 = ld16(b + 54);
     const float d = h2f((u16)((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000)));
     const u32 qh0 = ld8(b + 32 + 2 * sub), qh1 = ld8(b + 33 + 2 * sub);
     const u8* qs = b + 4 * sub;
-    iq1_group(ld8(qs + 0) | ((qh0 << 8) & 0x700), (qh0 & 0x08) != 0, r.q[0], r.q[1]);
-    iq1_group(ld8(qs + 1) | ((qh0 << 4) & 0x700), (qh0 & 0x80) != 0, r.q[2], r.q[3]);
-    iq1_group(ld8(qs + 2) | ((qh1 << 8) & 0x700), (qh1 & 0x08) != 0, r.q[4], r.q[5]);
-    iq1_group(ld8(qs + 3) | ((qh1 << 4) & 0x700), (qh1 & 0x80) != 0, r.q[6], r.q[7]);
+    iq1_group(tab, ld8(qs + 0) | ((qh0 << 8) & 0x700), (qh0 & 0x08) != 0, r.q[0], r.q[1]);
+    iq1_group(tab, ld8(qs + 1) | ((qh0 << 4) & 0x700), (qh0 & 0x80) != 0, r.q[2], r.q[3]);
+    iq1_group(tab, ld8(qs + 2) | ((qh1 << 8) & 0x700), (qh1 & 0x08) != 0, r.q[4], r.q[5]);
+    iq1_group(tab, ld8(qs + 3) | ((qh1 << 4) & 0x700), (qh1 & 0x80) != 0, r.q[6], r.q[7]);
     const u32 sc = ld16(b + 48 + 2 * (sub >> 1)) >> (6 * (sub & 1));
     r.sc[0] = (d * (float)(2 * (sc & 7) + 1)) * 0.125f;
     r.sc[1] = (d * (float)(2 * ((sc >> 3) & 7) + 1)) * 0.125f;
@@ -415,9 +413,7 @@ TYPE_HEAD(23, 256, 136, 0, false) {
     const u8* q = b + 8 + 16 * sub;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 w = ld32a(q + 4 * i);
-        r.q[i] = lut16(w & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
-        r.q[4 + i] = lut16((w >> 4) & 0x0F0F0F0F, KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3);
+        lut16x8(ld32a(q + 4 * i), KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, r.q[i], r.q[4 + i]);
     }
     const u32 ls = ((ld8(b + 4 + (sub >> 1)) >> (4 * (sub & 1))) & 15) | (((ld16(b + 2) >> (2 * sub)) & 3) << 4);
     r.sc[0] = r.sc[1] = ldh(b) * (float)((int)ls - 32);

@@ -31,12 +31,12 @@ __device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb
     cp_async_commit();
 }
 
-// Activation metadata per 32-block: d, s = d * sum(q), and the two 16-value integer sums
-// (low half in bits 0..15, high half in bits 16..31, each as int16).
+// Activation metadata per 32-block (8 bytes): d, and the two 16-value integer sums of q
+// (low half in bits 0..15, high half in bits 16..31, each as int16). s = d * sum(q) is kept
+// in a separate array for callers; the kernels rebuild offsets/mins from the exact sums.
 struct QMeta {
-    float d, s;
+    float d;
     int sums;
-    int pad;
 };
 
 template <class T>
@@ -61,41 +61,6 @@ __device__ __forceinline__ float chunk_dot(const Chunk& r, const i8* q8, const Q
     return m.d * f;
 }
 
-// acc[c] += row . column c over the whole row.
-template <class T, int NC>
-__device__ __forceinline__ void row_dot(const u8* __restrict__ row, int nblk, int tile_blocks, int k,
-                                        const i8* __restrict__ q8, const QMeta* __restrict__ meta,
-                                        u8* sbuf, float (&acc)[NC]) {
-    constexpr int CPB = T::BS / 32;  // 32-weight chunks per block
-    const int lane = threadIdx.x & 31;
-    const int kb = k / 32;
-    const int ntiles = (nblk + tile_blocks - 1) / tile_blocks;
-    issue_tile(row, T::TS, 0, min(nblk, tile_blocks), sbuf, lane);
-    for (int t = 0; t < ntiles; ++t) {
-        const int b0 = t * tile_blocks;
-        const int nb = min(nblk - b0, tile_blocks);
-        if (t + 1 < ntiles) {
-            const int b1 = b0 + tile_blocks;
-            issue_tile(row, T::TS, b1, min(nblk - b1, tile_blocks), sbuf + ((t + 1) & 1) * TBUF, lane);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncwarp();
-        const u8* base = sbuf + (t & 1) * TBUF + (((size_t)row + (size_t)b0 * T::TS) & 15);
-        const int nch = nb * CPB;
-        for (int c = lane; c < nch; c += 32) {
-            Chunk r;
-            T::decode(base + (c / CPB) * T::TS, c % CPB, r);
-            const int gc = b0 * CPB + c;  // chunk index along the row = activation block
-#pragma unroll
-            for (int j = 0; j < NC; ++j)
-                acc[j] += chunk_dot<T>(r, q8 + (size_t)j * k + 32 * (size_t)gc, meta[(size_t)j * kb + gc]);
-        }
-        __syncwarp();
-    }
-}
-
 template <int NC>
 __device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
 #pragma unroll
@@ -104,59 +69,125 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
         for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(FULL_MASK, acc[j], o);
 }
 
-// out (NC, rows) = W (rows, k) . Q8(x) (NC, k)
-template <int ID, int NC>
-__global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
-                                                   int tile_blocks, const i8* __restrict__ q8,
-                                                   const QMeta* __restrict__ meta, float* __restrict__ out) {
-    typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
-    const int warp = threadIdx.x >> 5;
-    const int r = blockIdx.x * WARPS + warp;
-    if (r >= rows) return;
+// Codebook of the type (IQ grids) copied into shared memory once per thread block: random
+// per-lane lookups are far cheaper there than through L1.
+template <class T>
+__device__ __forceinline__ void load_table(u32* tab) {
+    if (T::TAB_WORDS > 1) {
+        for (int i = threadIdx.x; i < T::TAB_WORDS; i += blockDim.x) tab[i] = __ldg(T::table() + i);
+    }
+    __syncthreads();
+}
+
+// One warp streams rows [r0, r1) of one matrix: items are (row, tile) pairs in order; the
+// copy of item i+1 is in flight while item i is decoded, across row boundaries too.
+// out_col_stride: distance between columns in out; out_row(r) = out + r.
+template <class T, int NC>
+__device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
+                                            int tile_blocks, const i8* __restrict__ q8,
+                                            const QMeta* __restrict__ meta, float* __restrict__ out,
+                                            size_t out_col_stride, u8* sbuf, const u32* tab) {
+    constexpr int CPB = T::BS / 32;  // 32-weight chunks per block
+    const int lane = threadIdx.x & 31;
+    const int kb = k / 32;
+    const int nblk = k / T::BS;
+    const int ntiles = (nblk + tile_blocks - 1) / tile_blocks;
+    const int items = (r1 - r0) * ntiles;
+    if (items <= 0) return;
+    issue_tile(w + (size_t)r0 * row_bytes, T::TS, 0, min(nblk, tile_blocks), sbuf, lane);
     float acc[NC];
 #pragma unroll
     for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
-    row_dot<T, NC>(w + (size_t)r * row_bytes, k / T::BS, tile_blocks, k, q8, meta, smem[warp], acc);
-    warp_sum<NC>(acc);
-    if ((threadIdx.x & 31) == 0) {
+    int r = r0, t = 0;  // current item
+    for (int it = 0; it < items; ++it) {
+        if (it + 1 < items) {
+            const int tn = t + 1 == ntiles ? 0 : t + 1;
+            const int rn = t + 1 == ntiles ? r + 1 : r;
+            const int bn = tn * tile_blocks;
+            issue_tile(w + (size_t)rn * row_bytes, T::TS, bn, min(nblk - bn, tile_blocks),
+                       sbuf + ((it + 1) & 1) * TBUF, lane);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const int b0 = t * tile_blocks;
+        const int nb = min(nblk - b0, tile_blocks);
+        const u8* base = sbuf + (it & 1) * TBUF + (((size_t)w + (size_t)r * row_bytes + (size_t)b0 * T::TS) & 15);
+        const int nch = nb * CPB;
+        for (int c = lane; c < nch; c += 32) {
+            Chunk ch;
+            T::decode(base + (c / CPB) * T::TS, c % CPB, ch, tab);
+            const int gc = b0 * CPB + c;  // chunk index along the row = activation block
 #pragma unroll
-        for (int j = 0; j < NC; ++j) out[(size_t)j * rows + r] = acc[j];
+            for (int j = 0; j < NC; ++j)
+                acc[j] += chunk_dot<T>(ch, q8 + (size_t)j * k + 32 * (size_t)gc, meta[(size_t)j * kb + gc]);
+        }
+        __syncwarp();
+        if (++t == ntiles) {  // row done
+            warp_sum<NC>(acc);
+            if (lane == 0) {
+#pragma unroll
+                for (int j = 0; j < NC; ++j) out[(size_t)j * out_col_stride + r] = acc[j];
+            }
+#pragma unroll
+            for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
+            t = 0;
+            ++r;
+        }
     }
 }
 
-// Experts: out (ncols, n_used, rows); pair p = col * n_used + slot uses expert ids[p]'s matrix
-// and activation column col. An id out of range writes NaN (the host checks ids it can see).
+// out (NC, rows) = W (rows, k) . Q8(x) (NC, k). Each warp takes rows_per_warp consecutive rows
+// (the host sizes the grid to what stays resident, so all warps finish together).
+template <int ID, int NC>
+__global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
+                                                   int tile_blocks, int rows_per_warp, const i8* __restrict__ q8,
+                                                   const QMeta* __restrict__ meta, float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
+    __shared__ u32 tab[T::TAB_WORDS];
+    load_table<T>(tab);
+    const int warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
+    const int r1 = min(rows, r0 + rows_per_warp);
+    stream_rows<T, NC>(w, r0, r1, row_bytes, k, tile_blocks, q8, meta, out, rows, smem[warp], tab);
+}
+
+// Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
+// ids[p]'s matrix and activation column col. An id out of range writes NaN rows (the ids stay
+// on the device, so the host cannot check them without a sync).
 template <int ID>
 __global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w, long long expert_bytes,
                                                        int n_expert, const int* __restrict__ ids, int n_used,
                                                        int rows, int row_bytes, int k, int tile_blocks,
-                                                       const i8* __restrict__ q8, const QMeta* __restrict__ meta,
-                                                       float* __restrict__ out) {
+                                                       int rows_per_warp, const i8* __restrict__ q8,
+                                                       const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
     __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
+    __shared__ u32 tab[T::TAB_WORDS];
+    load_table<T>(tab);
     const int warp = threadIdx.x >> 5;
-    const int r = blockIdx.x * WARPS + warp;
+    const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
+    const int r1 = min(rows, r0 + rows_per_warp);
     const int p = blockIdx.y;
-    if (r >= rows) return;
     const int e = ids[p];
     const int col = p / n_used;
+    float* o = out + (size_t)p * rows;
     if (e < 0 || e >= n_expert) {
-        if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = __int_as_float(0x7fc00000);
+        if ((threadIdx.x & 31) == 0)
+            for (int r = r0; r < r1; ++r) o[r] = __int_as_float(0x7fc00000);
         return;
     }
-    float acc[1] = {0.0f};
-    row_dot<T, 1>(w + (size_t)e * expert_bytes + (size_t)r * row_bytes, k / T::BS, tile_blocks, k,
-                  q8 + (size_t)col * k, meta + (size_t)col * (k / 32), smem[warp], acc);
-    warp_sum<1>(acc);
-    if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = acc[0];
+    stream_rows<T, 1>(w + (size_t)e * expert_bytes, r0, r1, row_bytes, k, tile_blocks, q8 + (size_t)col * k,
+                      meta + (size_t)col * (k / 32), o, 0, smem[warp], tab);
 }
 
 // ---------------------------------------------------------------- activation quantization
 // One warp per 32-block: d = amax / 127, q = roundf(x / d) (IEEE division, as numpy),
 // s = d * sum(q). Matches strata.kernels.activation_quant bit for bit.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int nblocks, i8* __restrict__ q8,
-                                         QMeta* __restrict__ meta) {
+                                         QMeta* __restrict__ meta, float* __restrict__ s_out) {
     const int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
@@ -176,10 +207,9 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int nblock
     if (lane == 0) {
         QMeta m;
         m.d = d;
-        m.s = __fmul_rn(d, (float)(lo + hi));
         m.sums = (lo & 0xFFFF) | (hi << 16);
-        m.pad = 0;
         meta[blk] = m;
+        s_out[blk] = __fmul_rn(d, (float)(lo + hi));
     }
 }
 
