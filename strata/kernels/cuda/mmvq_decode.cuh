@@ -373,15 +373,16 @@ TYPE_TAIL
 
 // IQ1 grids hold 8 * g + 16 per byte (g in -1..1); +-1 for the delta keeps every byte in
 // 7..25, so one word add/subtract is exact; IOFF -16 and scale / 8 give dl * (g +- 1/8).
+// (16 KB: read through L1 rather than copied to shared memory beside the row tiles.)
 __device__ __forceinline__ void iq1_group(const u32* tab, u32 index, bool neg, int& a, int& c) {
-    const uint2 g = ((const uint2*)tab)[index];
+    const uint2 g = __ldg(&GRID_IQ1S[index]);
     const u32 delta = 0x01010101u;
     a = neg ? g.x - delta : g.x + delta;
     c = neg ? g.y - delta : g.y + delta;
 }
 
 // IQ1_S: half d; qs[32] index low bytes; u16 qh[8]: 4 x 3 index bits, 3-bit scale, delta sign.
-TYPE_HEAD_TAB(19, 256, 50, -16, false, 2 * 2048, (const u32*)GRID_IQ1S) {
+TYPE_HEAD(19, 256, 50, -16, false) {
     const u32 qh = ld16(b + 34 + 2 * sub);
     const bool neg = (qh & 0x8000) != 0;
 #pragma unroll
@@ -393,7 +394,7 @@ TYPE_TAIL
 
 // IQ1_M: qs[32]; qh[16] (per 8 weights: 3 index bits + delta sign); scales[8] as u16[4]:
 // 3-bit scales per 16 weights, and the f16 super-scale in their top nibbles.
-TYPE_HEAD_TAB(29, 256, 56, -16, false, 2 * 2048, (const u32*)GRID_IQ1S) {
+TYPE_HEAD(29, 256, 56, -16, false) {
     const u32 s0 = ld16(b + 48), s1 = ld16(b + 50), s2 = ld16(b + 52), s3 = ld16(b + 54);
     const float d = h2f((u16)((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000)));
     const u32 qh0 = ld8(b + 32 + 2 * sub), qh1 = ld8(b + 33 + 2 * sub);

@@ -8,7 +8,8 @@
 // The next tile's copy is in flight while the current one is decoded.
 
 #define WARPS 4
-#define TILE 2048         // weight bytes per tile (whole blocks; host picks blocks per tile)
+#define RPW 4             // rows a warp works on together (activation loads shared among them)
+#define TILE 1152         // weight bytes per row tile (whole blocks; host picks blocks per tile)
 #define TBUF (TILE + 32)  // + alignment slack (tiles start at the 16-byte boundary below)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -22,13 +23,12 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 // Copy blocks [b0, b0 + nb) of a row into buf, starting at the 16-byte boundary at or below
 // the first byte. Whole aligned 16-byte pieces never cross a page, so reading the few bytes
-// outside the row cannot fault.
+// outside the row cannot fault. (The caller commits the group.)
 __device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb, u8* buf, int lane) {
     const size_t g0 = (size_t)row + (size_t)b0 * ts;
     const size_t a0 = g0 & ~(size_t)15;
     const int n16 = (int)((g0 + (size_t)nb * ts - a0 + 15) >> 4);
     for (int i = lane; i < n16; i += 32) cp_async16(buf + 16 * i, (const void*)(a0 + 16 * (size_t)i));
-    cp_async_commit();
 }
 
 // Activation metadata per 32-block (8 bytes): d, and the two 16-value integer sums of q
@@ -40,9 +40,7 @@ struct QMeta {
 };
 
 template <class T>
-__device__ __forceinline__ float chunk_dot(const Chunk& r, const i8* q8, const QMeta& m) {
-    const int4 a = __ldg((const int4*)q8);
-    const int4 c = __ldg((const int4*)q8 + 1);
+__device__ __forceinline__ float chunk_dot(const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
     int i0 = __dp4a(r.q[0], a.x, 0);
     i0 = __dp4a(r.q[1], a.y, i0);
     i0 = __dp4a(r.q[2], a.z, i0);
@@ -79,9 +77,10 @@ __device__ __forceinline__ void load_table(u32* tab) {
     __syncthreads();
 }
 
-// One warp streams rows [r0, r1) of one matrix: items are (row, tile) pairs in order; the
-// copy of item i+1 is in flight while item i is decoded, across row boundaries too.
-// out_col_stride: distance between columns in out; out_row(r) = out + r.
+// One warp streams rows [r0, r1) of one matrix, RPW rows at a time: items are (row group,
+// tile) pairs in order; the copies of item i+1 are in flight while item i is decoded, across
+// row groups too. Each lane decodes the same chunk of the group's rows, so one activation
+// load serves RPW rows. out_col_stride: distance between columns in out.
 template <class T, int NC>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             int tile_blocks, const i8* __restrict__ q8,
@@ -92,20 +91,29 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     const int kb = k / 32;
     const int nblk = k / T::BS;
     const int ntiles = (nblk + tile_blocks - 1) / tile_blocks;
-    const int items = (r1 - r0) * ntiles;
+    const int groups = (r1 - r0 + RPW - 1) / RPW;
+    const int items = groups * ntiles;
     if (items <= 0) return;
-    issue_tile(w + (size_t)r0 * row_bytes, T::TS, 0, min(nblk, tile_blocks), sbuf, lane);
-    float acc[NC];
+    // rows past r1 in the last group re-read row r1 - 1; their results are not written
+    auto issue = [&](int g, int t, u8* buf) {
+        const int b0 = t * tile_blocks;
 #pragma unroll
-    for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
-    int r = r0, t = 0;  // current item
+        for (int rr = 0; rr < RPW; ++rr) {
+            const int row = min(r0 + g * RPW + rr, r1 - 1);
+            issue_tile(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, tile_blocks), buf + rr * TBUF, lane);
+        }
+        cp_async_commit();
+    };
+    issue(0, 0, sbuf);
+    float acc[RPW][NC];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+        for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
+    int g = 0, t = 0;  // current item
     for (int it = 0; it < items; ++it) {
         if (it + 1 < items) {
-            const int tn = t + 1 == ntiles ? 0 : t + 1;
-            const int rn = t + 1 == ntiles ? r + 1 : r;
-            const int bn = tn * tile_blocks;
-            issue_tile(w + (size_t)rn * row_bytes, T::TS, bn, min(nblk - bn, tile_blocks),
-                       sbuf + ((it + 1) & 1) * TBUF, lane);
+            issue(t + 1 == ntiles ? g + 1 : g, t + 1 == ntiles ? 0 : t + 1, sbuf + ((it + 1) & 1) * RPW * TBUF);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -113,27 +121,43 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
         __syncwarp();
         const int b0 = t * tile_blocks;
         const int nb = min(nblk - b0, tile_blocks);
-        const u8* base = sbuf + (it & 1) * TBUF + (((size_t)w + (size_t)r * row_bytes + (size_t)b0 * T::TS) & 15);
+        const u8* base[RPW];
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+            const int row = min(r0 + g * RPW + rr, r1 - 1);
+            base[rr] = sbuf + ((it & 1) * RPW + rr) * TBUF +
+                       (((size_t)w + (size_t)row * row_bytes + (size_t)b0 * T::TS) & 15);
+        }
         const int nch = nb * CPB;
         for (int c = lane; c < nch; c += 32) {
-            Chunk ch;
-            T::decode(base + (c / CPB) * T::TS, c % CPB, ch, tab);
+            Chunk ch[RPW];
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr) T::decode(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], tab);
             const int gc = b0 * CPB + c;  // chunk index along the row = activation block
 #pragma unroll
-            for (int j = 0; j < NC; ++j)
-                acc[j] += chunk_dot<T>(ch, q8 + (size_t)j * k + 32 * (size_t)gc, meta[(size_t)j * kb + gc]);
+            for (int j = 0; j < NC; ++j) {
+                const int4* qp = (const int4*)(q8 + (size_t)j * k + 32 * (size_t)gc);
+                const int4 a = __ldg(qp), b = __ldg(qp + 1);
+                const QMeta m = meta[(size_t)j * kb + gc];
+#pragma unroll
+                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] += chunk_dot<T>(ch[rr], a, b, m);
+            }
         }
         __syncwarp();
-        if (++t == ntiles) {  // row done
-            warp_sum<NC>(acc);
-            if (lane == 0) {
+        if (++t == ntiles) {  // row group done
 #pragma unroll
-                for (int j = 0; j < NC; ++j) out[(size_t)j * out_col_stride + r] = acc[j];
+            for (int rr = 0; rr < RPW; ++rr) {
+                warp_sum<NC>(acc[rr]);
+                const int row = r0 + g * RPW + rr;
+                if (lane == 0 && row < r1) {
+#pragma unroll
+                    for (int j = 0; j < NC; ++j) out[(size_t)j * out_col_stride + row] = acc[rr][j];
+                }
+#pragma unroll
+                for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
             }
-#pragma unroll
-            for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
             t = 0;
-            ++r;
+            ++g;
         }
     }
 }
@@ -145,8 +169,8 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int
                                                    int tile_blocks, int rows_per_warp, const i8* __restrict__ q8,
                                                    const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
-    __shared__ u32 tab[T::TAB_WORDS];
+    __shared__ __align__(16) u8 smem[WARPS][2 * RPW * TBUF];
+    __shared__ __align__(16) u32 tab[T::TAB_WORDS];
     load_table<T>(tab);
     const int warp = threadIdx.x >> 5;
     const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
@@ -164,8 +188,8 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w,
                                                        int rows_per_warp, const i8* __restrict__ q8,
                                                        const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][2 * TBUF];
-    __shared__ u32 tab[T::TAB_WORDS];
+    __shared__ __align__(16) u8 smem[WARPS][2 * RPW * TBUF];
+    __shared__ __align__(16) u32 tab[T::TAB_WORDS];
     load_table<T>(tab);
     const int warp = threadIdx.x >> 5;
     const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
