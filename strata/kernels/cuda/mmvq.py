@@ -28,7 +28,6 @@ MAX_COLS = 8  # columns per launch (llama.cpp's MMVQ_MAX_BATCH_SIZE)
 QK = 32  # activation block
 WARPS = 4  # warps (rows) per thread block; must match mmvq_kernels.cuh
 RPW = 4  # rows a warp works on together; must match mmvq_kernels.cuh
-TILE = 1152  # weight bytes per row tile in shared memory; must match mmvq_kernels.cuh
 
 QUANT_TYPE_NAMES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
@@ -145,18 +144,6 @@ def quantize_q8_1(x_dev, out: Q8Buffer | None = None) -> Q8Buffer:
 
 
 # ------------------------------------------------------------------ launches
-def _tile_blocks(type_size: int, block_size: int, nblk: int) -> int:
-    """Blocks per tile: whole warps of 32-weight chunks where they fit (no idle lanes), as many
-    as fit in TILE (leaving 16 bytes of alignment slack), spread evenly over the row."""
-    most = max(1, (TILE - 16) // type_size)
-    step = max(1, 32 // (block_size // 32))  # blocks per 32 chunks
-    if most >= step:
-        most -= most % step
-    ntiles = -(-nblk // most)
-    per = -(-nblk // ntiles)
-    return -(-per // step) * step if per % step and -(-per // step) * step <= most else per
-
-
 @functools.cache
 def _resident_warps(type_id: int, name: str) -> int:
     """Warps of this kernel that stay resident on the whole device at once (occupancy from
@@ -238,8 +225,7 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
             rpw = _rows_per_warp(t.id, name, rows)
             qgrid = (-(-rows // (rpw * WARPS)),)
             _function(t.id, name)(qgrid, (WARPS * 32,), (
-                w, np.int32(rows), np.int32(row_bytes), np.int32(k),
-                np.int32(_tile_blocks(t.type_size, t.block_size, k // t.block_size)), np.int32(rpw),
+                w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
                 act.q[c0 : c0 + nc], act.meta[c0 : c0 + nc], o))
     return out
 
@@ -275,11 +261,10 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None):
         _function(t.id, f"mmvf_ids<{t.id}>")(grid, (WARPS * 32,), common + (x, out, vec))
     else:
         act = quantize_q8_1(x)
-        tb = np.int32(_tile_blocks(t.type_size, t.block_size, k // t.block_size))
         name = f"mmvq_ids<{t.id}>"
         rpw = _rows_per_warp(t.id, name, rows, ncols * n_used)
         qgrid = (-(-rows // (rpw * WARPS)), ncols * n_used)
-        _function(t.id, name)(qgrid, (WARPS * 32,), common + (tb, np.int32(rpw), act.q, act.meta, out))
+        _function(t.id, name)(qgrid, (WARPS * 32,), common + (np.int32(rpw), act.q, act.meta, out))
     return out
 
 

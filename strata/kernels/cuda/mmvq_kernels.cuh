@@ -8,9 +8,22 @@
 // The next tile's copy is in flight while the current one is decoded.
 
 #define WARPS 4
-#define RPW 4             // rows a warp works on together (activation loads shared among them)
-#define TILE 1152         // weight bytes per row tile (whole blocks; host picks blocks per tile)
-#define TBUF (TILE + 32)  // + alignment slack (tiles start at the 16-byte boundary below)
+#define RPW 4  // rows a warp works on together (activation loads shared among them)
+
+// Pipeline geometry per type. A tile is one "round" of a row: the blocks holding 32 chunks of
+// 32 weights, one per lane. An item is the tiles of RPW rows at the same position; STAGES
+// items live in shared memory per warp, STAGES - 1 of them in flight, so each warp keeps
+// about IN_FLIGHT bytes of weights on their way from HBM (Little's law: ~64 KB per SM).
+#define IN_FLIGHT 3072
+template <class T> struct Geometry {
+    static constexpr int CPB = T::BS / 32;                        // chunks per block
+    static constexpr int TB = 32 / CPB;                           // blocks per tile
+    static constexpr int TBUF = (TB * T::TS + 16 + 15) / 16 * 16;  // + alignment slack
+    static constexpr int ITEM = RPW * TB * T::TS;
+    static constexpr int S0 = 1 + (IN_FLIGHT + ITEM - 1) / ITEM;
+    static constexpr int STAGES = S0 < 2 ? 2 : S0 > 8 ? 8 : S0;
+    static constexpr int WARP_SMEM = STAGES * RPW * TBUF;
+};
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const u32 s = (u32)__cvta_generic_to_shared(smem);
@@ -83,53 +96,56 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // load serves RPW rows. out_col_stride: distance between columns in out.
 template <class T, int NC>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
-                                            int tile_blocks, const i8* __restrict__ q8,
-                                            const QMeta* __restrict__ meta, float* __restrict__ out,
-                                            size_t out_col_stride, u8* sbuf, const u32* tab) {
-    constexpr int CPB = T::BS / 32;  // 32-weight chunks per block
+                                            const i8* __restrict__ q8, const QMeta* __restrict__ meta,
+                                            float* __restrict__ out, size_t out_col_stride, u8* sbuf,
+                                            const u32* tab) {
+    typedef Geometry<T> G;
+    constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
     const int lane = threadIdx.x & 31;
     const int kb = k / 32;
     const int nblk = k / T::BS;
-    const int ntiles = (nblk + tile_blocks - 1) / tile_blocks;
+    const int ntiles = (nblk + TB - 1) / TB;
     const int groups = (r1 - r0 + RPW - 1) / RPW;
     const int items = groups * ntiles;
     if (items <= 0) return;
-    // rows past r1 in the last group re-read row r1 - 1; their results are not written
-    auto issue = [&](int g, int t, u8* buf) {
-        const int b0 = t * tile_blocks;
+    // item i = (group i / ntiles, tile i % ntiles) lives in stage buffer i % S. Rows past r1 in
+    // the last group re-read row r1 - 1 (never the case when rows_per_warp is a multiple of
+    // RPW and rows a multiple of it); their results are not written.
+    auto issue = [&](int i) {
+        if (i < items) {
+            const int g = i / ntiles, b0 = (i % ntiles) * TB;
+            u8* buf = sbuf + (i % S) * RPW * G::TBUF;
 #pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) {
-            const int row = min(r0 + g * RPW + rr, r1 - 1);
-            issue_tile(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, tile_blocks), buf + rr * TBUF, lane);
+            for (int rr = 0; rr < RPW; ++rr) {
+                const int row = min(r0 + g * RPW + rr, r1 - 1);
+                issue_tile(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, TB), buf + rr * G::TBUF, lane);
+            }
         }
-        cp_async_commit();
+        cp_async_commit();  // empty groups keep the count uniform
     };
-    issue(0, 0, sbuf);
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
     float acc[RPW][NC];
 #pragma unroll
     for (int rr = 0; rr < RPW; ++rr)
 #pragma unroll
         for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
-    int g = 0, t = 0;  // current item
+    int g = 0, t = 0;  // current item's group and tile
     for (int it = 0; it < items; ++it) {
-        if (it + 1 < items) {
-            issue(t + 1 == ntiles ? g + 1 : g, t + 1 == ntiles ? 0 : t + 1, sbuf + ((it + 1) & 1) * RPW * TBUF);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        issue(it + S - 1);
+        cp_async_wait<S - 1>();  // item it's copies have landed
         __syncwarp();
-        const int b0 = t * tile_blocks;
-        const int nb = min(nblk - b0, tile_blocks);
+        const int b0 = t * TB;
+        const int nb = min(nblk - b0, TB);
         const u8* base[RPW];
 #pragma unroll
         for (int rr = 0; rr < RPW; ++rr) {
             const int row = min(r0 + g * RPW + rr, r1 - 1);
-            base[rr] = sbuf + ((it & 1) * RPW + rr) * TBUF +
+            base[rr] = sbuf + ((it % S) * RPW + rr) * G::TBUF +
                        (((size_t)w + (size_t)row * row_bytes + (size_t)b0 * T::TS) & 15);
         }
-        const int nch = nb * CPB;
-        for (int c = lane; c < nch; c += 32) {
+        const int c = lane;  // one chunk per lane per row: a tile is 32 chunks
+        if (c < nb * CPB) {
             Chunk ch[RPW];
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) T::decode(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], tab);
@@ -143,7 +159,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                 for (int rr = 0; rr < RPW; ++rr) acc[rr][j] += chunk_dot<T>(ch[rr], a, b, m);
             }
         }
-        __syncwarp();
+        __syncwarp();  // stage it % S is reused by the issue at the top of iteration it + 1
         if (++t == ntiles) {  // row group done
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
@@ -166,16 +182,16 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
 // (the host sizes the grid to what stays resident, so all warps finish together).
 template <int ID, int NC>
 __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
-                                                   int tile_blocks, int rows_per_warp, const i8* __restrict__ q8,
+                                                   int rows_per_warp, const i8* __restrict__ q8,
                                                    const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][2 * RPW * TBUF];
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[T::TAB_WORDS];
     load_table<T>(tab);
     const int warp = threadIdx.x >> 5;
     const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
     const int r1 = min(rows, r0 + rows_per_warp);
-    stream_rows<T, NC>(w, r0, r1, row_bytes, k, tile_blocks, q8, meta, out, rows, smem[warp], tab);
+    stream_rows<T, NC>(w, r0, r1, row_bytes, k, q8, meta, out, rows, smem[warp], tab);
 }
 
 // Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
@@ -184,11 +200,11 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int
 template <int ID>
 __global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w, long long expert_bytes,
                                                        int n_expert, const int* __restrict__ ids, int n_used,
-                                                       int rows, int row_bytes, int k, int tile_blocks,
+                                                       int rows, int row_bytes, int k,
                                                        int rows_per_warp, const i8* __restrict__ q8,
                                                        const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][2 * RPW * TBUF];
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[T::TAB_WORDS];
     load_table<T>(tab);
     const int warp = threadIdx.x >> 5;
@@ -203,7 +219,7 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w,
             for (int r = r0; r < r1; ++r) o[r] = __int_as_float(0x7fc00000);
         return;
     }
-    stream_rows<T, 1>(w + (size_t)e * expert_bytes, r0, r1, row_bytes, k, tile_blocks, q8 + (size_t)col * k,
+    stream_rows<T, 1>(w + (size_t)e * expert_bytes, r0, r1, row_bytes, k, q8 + (size_t)col * k,
                       meta + (size_t)col * (k / 32), o, 0, smem[warp], tab);
 }
 
