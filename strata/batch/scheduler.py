@@ -26,9 +26,8 @@ from strata.batch.output import TextOutput
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
 from strata.model.transformer import Span, Transformer
-from strata.mtp.draft import DraftModel
 from strata.mtp.verify import verify
-from strata.sampling import distribution, is_greedy, log_softmax, sample_from
+from strata.sampling import distribution, is_greedy, log_softmax
 
 
 class FaultInjector:
@@ -69,12 +68,12 @@ class _Entry:
 
 class Scheduler:
     def __init__(self, model: Transformer, tokenizer: Any, cfg: SchedulerConfig, *,
-                 draft: DraftModel | None = None, slot_batch_mtp: list[tuple[bool, str | None]] | None = None,
+                 proposer: Any = None, slot_batch_mtp: list[tuple[bool, str | None]] | None = None,
                  log: Callable[[str], None] = print, faults: FaultInjector | None = None):
         self.model = model
         self.tok = tokenizer
         self.cfg = cfg
-        self.draft = draft
+        self.proposer = proposer if cfg.spec > 0 else None
         self.log = log
         self.faults = faults or FaultInjector()
         self.eog = set(getattr(tokenizer, "eog_ids", set()) or set())
@@ -167,12 +166,12 @@ class Scheduler:
         s.prompt = list(h.request.prompt_ids)
         s.rng = np.random.default_rng(p.seed)
         s.output = TextOutput(self.tok.token_bytes, list(p.stop))
-        if self.draft is not None and self.cfg.spec > 0 and s.mtp_failed is None:
+        s.mtp_admitted = False
+        if self.proposer is not None and s.mtp_failed is None:
             try:  # MTP admission: the slot's private draft state
                 self.faults.check("mtp-admit", s.index)
-                if s.draft_cache is None:
-                    s.draft_cache = self.draft.new_cache(self.cfg.max_ctx, self.cfg.kv_kind)
-                s.draft_cache.length = 0
+                self.proposer.admit(s)
+                s.mtp_admitted = True
             except Exception as e:
                 self._mtp_fail(s, "admission", e)
 
@@ -185,7 +184,7 @@ class Scheduler:
         s.hidden_pending, s.tokens_pending = [], []
 
     def _mtp_allowed(self, s: Slot, n_busy: int) -> tuple[bool, str | None]:
-        if self.draft is None or self.cfg.spec <= 0 or s.mtp_failed is not None or s.draft_cache is None:
+        if self.proposer is None or s.mtp_failed is not None or not s.mtp_admitted:
             return False, None
         if n_busy <= 1:
             return True, None
@@ -264,11 +263,11 @@ class Scheduler:
 
     def _keep_hidden(self, s: Slot, h: Any, start: int, toks: list[int]) -> None:
         """Remember main hiddens/tokens the draft has not consumed yet (only if it may run)."""
-        if self.draft is None or self.cfg.spec <= 0 or s.mtp_failed is not None:
+        if self.proposer is None or not getattr(self.proposer, "wants_hidden", False) or not s.mtp_admitted:
             return
         # The draft holds entries for x_1..x_C (C = its cache length); it still needs tokens
         # at positions > C and main hiddens at positions >= C (entry p reads h_{p-1}).
-        c = s.draft_cache.length if s.draft_cache is not None else 0
+        c = self.proposer.committed(s)
         s.hidden_pending.append(h[max(0, c - start):])
         s.tokens_pending.extend(t for i, t in enumerate(toks) if start + i > c)
 
@@ -295,44 +294,14 @@ class Scheduler:
         s.pending = verdict.tokens[-1]
         return verdict.accepted + 1
 
-    # ---- MTP proposals -------------------------------------------------------------------------
     def _propose(self, s: Slot) -> tuple[list[int], list[Any]]:
-        d, xp = self.draft, self.model.b.xp
         params = s.handle.request.params
-        greedy = is_greedy(params)
         room = self.cfg.max_ctx - s.cache.length - 1
         left = params.max_tokens - s.n_generated - 1
         k = min(self.cfg.spec, room, left)
         if k <= 0:
             return [], []
-        # catch-up: entries for x_{C+1}..x_M with true main hiddens h_C..h_{M-1}
-        toks = s.tokens_pending + [s.pending]
-        hid = xp.concatenate(s.hidden_pending, axis=0) if len(s.hidden_pending) > 1 else s.hidden_pending[0]
-        committed = s.draft_cache.length + len(toks)
-        chunk = max(1, self.cfg.prefill_chunk)
-        for a in range(0, len(toks), chunk):
-            g, lg = d.step(s.draft_cache, np.asarray(toks[a : a + chunk]), hid[a : a + chunk])
-        s.hidden_pending, s.tokens_pending = [], []
-        drafts, qs = [], []
-        g, row = g[-1:], self.model.b.to_host(lg[-1])
-        while True:
-            z = row.astype(np.float64) - row.max()
-            top = 1.0 / np.exp(z).sum()
-            if top < self.cfg.spec_min_p:
-                break
-            if greedy:
-                tok, qd = int(np.argmax(row)), None
-            else:
-                qd = distribution(row, params)
-                tok = sample_from(qd, s.rng)
-            drafts.append(tok)
-            qs.append(qd)
-            if len(drafts) >= k:
-                break
-            g, lg = d.step(s.draft_cache, np.asarray([tok]), g)
-            row = self.model.b.to_host(lg[-1])
-        s.draft_cache.truncate(committed)  # speculative draft entries are recomputed next time
-        return drafts, qs
+        return self.proposer.propose(s, k, params)
 
     # ---- output ---------------------------------------------------------------------------------
     def _emit(self, s: Slot, tok: int, logits_row: np.ndarray) -> bool:

@@ -42,6 +42,7 @@ class Slot:
     batch_mtp_reason: str | None = None  # short code, for metrics
     mtp_failed: str | None = None  # set once when the slot's MTP path failed; said once
     draft_cache: KVCache | None = None
+    mtp_admitted: bool = False  # this request's MTP admission succeeded
     counters: MtpCounters = field(default_factory=MtpCounters)
     # the request in service
     handle: RequestHandle | None = None
@@ -73,6 +74,7 @@ class Slot:
         self.output = None
         self.hidden_pending = []
         self.tokens_pending = []
+        self.mtp_admitted = False
         self.cache.length = 0
         if self.draft_cache is not None:
             self.draft_cache.length = 0

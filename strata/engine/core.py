@@ -17,6 +17,7 @@ from strata.errors import StrataError
 from strata.model.config import config_from_metadata
 from strata.model.transformer import Transformer
 from strata.mtp.draft import DraftModel, find_draft
+from strata.mtp.proposer import DraftProposer
 
 MiB = 1024 * 1024
 
@@ -105,12 +106,16 @@ class EngineCore:
         slot_caps = self._probe(pack, src, log)
         if draft is not None and opts.batch_mtp and any(on for on, _ in slot_caps):
             log(f"strata verify: batch windows of up to {opts.parallel} sequences (layers [0, {cfg.n_layer}))")
+        proposer = None
+        if draft is not None:
+            proposer = DraftProposer(draft, max_ctx=self.n_ctx, kv_kind=opts.kv, chunk=opts.prefill_chunk(),
+                                     min_p=opts.spec_min_p)
         self.scheduler = Scheduler(
             self.model, self.tokenizer,
             SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
                             prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
                             spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp),
-            draft=draft, slot_batch_mtp=slot_caps, log=log)
+            proposer=proposer, slot_batch_mtp=slot_caps, log=log)
         return self
 
     def _probe(self, pack: Any, src: Any, log: Callable[[str], None]) -> list[tuple[bool, str | None]]:
@@ -129,7 +134,7 @@ class EngineCore:
             raise StrataError("; ".join(report.startup_lines()) or "the pack cannot run on this backend")
         for line in report.startup_lines():
             log(line)
-        return [(sc.batch_mtp, sc.fallback_reason_code if not sc.batch_mtp else None) for sc in report.slots]
+        return [(sc.batch_mtp, report.fallback_reason_code(sc.slot)) for sc in report.slots]
 
     # ---- the front-end API ---------------------------------------------------------------------
     def start(self) -> None:

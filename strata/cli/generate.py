@@ -1,0 +1,84 @@
+"""`strata generate [engine flags] --prompt TEXT ...`: one completion, streamed to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from strata.engine.options import EngineOptions, add_engine_arguments
+from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+
+
+def add_arguments(p) -> None:
+    add_engine_arguments(p, serving=False)
+    g = p.add_argument_group("generation")
+    g.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
+    g.add_argument("--system", default=None, help="a system message")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def run(args) -> int:
+    from strata.engine.core import EngineCore
+    from strata.errors import StrataError
+
+    if args.max_tokens <= 0:
+        raise StrataError("--max-tokens must be > 0")
+    opts = EngineOptions.from_namespace(args, sys.argv[1:])
+    t0 = time.perf_counter()
+    core = EngineCore.load(opts)
+    t_load = time.perf_counter() - t0
+    if args.raw:
+        prompt_ids = core.tokenizer.encode(args.prompt, add_special=True)
+    else:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        msgs.append({"role": "user", "content": args.prompt})
+        prompt_ids = core.tokenizer.encode(core.chat.render(msgs), add_special=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=list(args.stop))
+    handle = core.submit(GenerationRequest(prompt_ids, params))
+    t1 = time.perf_counter()
+    core.scheduler.run_until_idle()  # the CLI drives windows on its own thread
+    ids, text, t_first = [], [], None
+    while True:
+        ev = handle.events.get()
+        if isinstance(ev, FinishEvent):
+            break
+        if t_first is None:
+            t_first = time.perf_counter()
+        ids.append(ev.token_id)
+        text.append(ev.text)
+        if not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    text.append(ev.text_tail)
+    t2 = time.perf_counter()
+    if ev.reason == "error":
+        raise StrataError(ev.error or "generation failed")
+    if args.json:
+        m = core.metrics()
+        out = {
+            "prompt_token_ids": prompt_ids,
+            "completion_token_ids": ids,
+            "text": "".join(text),
+            "finish_reason": ev.reason,
+            "usage": {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens},
+            "timings": {"load_s": round(t_load, 3), "total_s": round(t2 - t1, 3),
+                        "tokens_per_s": round(len(ids) / (t2 - t1), 2) if ids else 0.0},
+        }
+        slot = m["slots"][0]
+        if core.draft is not None:
+            out["mtp"] = {"windows": slot["mtp_windows"], "drafted": slot["mtp_drafted"],
+                          "accepted": slot["mtp_accepted"]}
+        print(json.dumps(out))
+    else:
+        sys.stdout.write(ev.text_tail + "\n")
+    return 0

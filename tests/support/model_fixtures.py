@@ -1,0 +1,88 @@
+"""Loaded models shared by the model / sampling / KV tests within one pytest process.
+
+Loading the test model costs ~1.5 s and its float64 recomputation ~10 s on the 2-core CI
+machine, so each is built once per process (lru_cache), whichever test file asks first.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata.model.kv_cache import KVCache
+from strata.model.transformer import Span
+
+MIX_Q2_0_NAME = "SmolLM2-135M-Instruct.mix-Q2_0.gguf"
+
+
+def shared_dir() -> Path | None:
+    """../shared beside the checkout (or $STRATA_SHARED); None when absent (a user's clone)."""
+    env = os.environ.get("STRATA_SHARED")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+    return path if path.is_dir() else None
+
+
+def shared_file(*parts: str) -> Path:
+    """A file under shared/, or skip the calling test cleanly."""
+    base = shared_dir()
+    if base is None:
+        pytest.skip("../shared is absent (set STRATA_SHARED to its path)")
+    path = base.joinpath(*parts)
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def engine(pack: str | None = None, parallel: int = 1, max_context: int | None = None, kv: str = "f16"):
+    """EngineCore on the CPU backend (pack None: the bundled test model)."""
+    from strata.engine.core import EngineCore
+    from strata.engine.options import EngineOptions
+
+    opts = EngineOptions(pack=pack, parallel=parallel, max_context=max_context, kv=kv, device="cpu")
+    return EngineCore.load(opts, log=lambda line: None)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(path: str):
+    """(metadata, lazily dequantized float64 weights) of a GGUF file, from the test oracle."""
+    from tests.support import reference_model
+
+    return reference_model.load(path)
+
+
+class Float32KV(KVCache):
+    """A KV cache that keeps float32 (no f16 rounding): isolates the forward pass's arithmetic
+    from the cache's storage rounding when comparing with the float64 recomputation.
+    Relies on KVCache storing what _alloc returns and reading it back with astype(float32)."""
+
+    def _alloc(self, cap: int):
+        return self.xp.zeros((self.n_kv, cap, self.d), self.xp.float32), None
+
+
+def new_cache(model, kind: str = "f16", max_ctx: int = 512) -> KVCache:
+    if kind == "f32":
+        c = model.cfg
+        return Float32KV(model.b.xp, c.n_layer, c.n_head_kv, c.head_dim, max_ctx, "f16")
+    return model.new_cache(max_ctx, kind)
+
+
+def logits_of(model, tokens, kind: str = "f16") -> np.ndarray:
+    """float64 logits (T, vocab) of one sequence run as a single window on a fresh cache."""
+    cache = new_cache(model, kind, max(16, len(tokens)))
+    hidden = model.forward(np.asarray(tokens, dtype=np.int64), [Span(cache, 0, len(tokens))])
+    return np.asarray(model.b.to_host(model.logits(hidden)), dtype=np.float64)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def chat_ids(core, user: str) -> list[int]:
+    text = core.chat.render([{"role": "user", "content": user}])
+    return core.tokenizer.encode(text, add_special=True)
