@@ -59,12 +59,16 @@ def watch_parent(log: Callable[[str], None]) -> None:
     if expected.isdigit() and hasattr(os, "getppid") and sys.platform != "win32" and os.getppid() != int(expected):
         _exit_now(log, "the server that started this engine is already gone")
 
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+
     def wait_eof() -> None:
-        stream = sys.stdin.buffer if sys.stdin is not None else None
-        if stream is None:
-            return
-        with contextlib.suppress(Exception):
-            while stream.read(4096):
+        # os.read on the raw descriptor: a thread blocked in sys.stdin's buffered reader
+        # would make the interpreter abort at exit (it cannot take the buffer's lock)
+        with contextlib.suppress(OSError):
+            while os.read(fd, 4096):
                 pass
         _exit_now(log, "the server that started this engine is gone (stdin closed)")
 

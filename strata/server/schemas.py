@@ -243,7 +243,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise invalid("the request body is empty; expected a JSON object")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))  # bytes would let json guess UTF-16/32
     except UnicodeDecodeError:
         raise invalid("the request body is not UTF-8") from None
     except json.JSONDecodeError as e:

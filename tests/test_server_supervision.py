@@ -1,0 +1,148 @@
+"""End to end: `strata serve` supervising a real engine child: the engine killed mid-stream
+and while requests wait, an engine that refuses to start, SIGTERM and SIGKILL of the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import httpx
+import pytest
+
+from strata.server.supervisor import DIED_MESSAGE, SHUTDOWN_MESSAGE, WAITED_MESSAGE
+from support.server_proc import metric, pid_alive, start_serve, wait_until
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+
+LONG = {"prompt": "Write a long story about a cat.", "max_tokens": 400, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cfg = {"parallel": 1, "args": ["--max-context", "512"], "shutdown_timeout": 1.5}
+    p = start_serve(tmp_path_factory.mktemp("sup"), cfg)
+    try:
+        p.wait_healthy()
+        yield p
+    finally:
+        p.kill_tree()
+
+
+class StreamReader(threading.Thread):
+    """A streaming request read on a thread; `first` is set once text arrived."""
+
+    def __init__(self, url: str, body: dict):
+        super().__init__(daemon=True)
+        self.url, self.body = url, {**body, "stream": True}
+        self.events: list[str] = []
+        self.first = threading.Event()
+        self.status = 0
+
+    def run(self) -> None:
+        with httpx.stream("POST", self.url + "/v1/completions", json=self.body, timeout=120) as r:
+            self.status = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(line[6:])
+                    if '"text":"' in line and '"text":""' not in line:
+                        self.first.set()
+        self.first.set()
+
+
+def post_on_thread(url: str, body: dict, out: list) -> threading.Thread:
+    t = threading.Thread(target=lambda: out.append(httpx.post(url + "/v1/completions", json=body, timeout=120)),
+                         daemon=True)
+    t.start()
+    return t
+
+
+def current_engine(server) -> int:
+    return server.engine_pids()[-1]
+
+
+def test_engine_killed_mid_stream_and_while_a_request_waits(server):
+    restarts0 = metric(server.url, "strata_server_engine_restarts_total")
+    stream = StreamReader(server.url, LONG)
+    stream.start()
+    assert stream.first.wait(60) and stream.status == 200
+    waited: list[httpx.Response] = []
+    t = post_on_thread(server.url, {"prompt": "Hi", "max_tokens": 2}, waited)
+    assert wait_until(lambda: metric(server.url, "strata_server_queue_depth") == 1, 10), "not queued"
+    pid = current_engine(server)
+    os.kill(pid, signal.SIGKILL)
+    stream.join(30)
+    t.join(30)
+    # the stream that had begun ends with an error event, then [DONE]
+    assert stream.events[-1] == "[DONE]"
+    err = json.loads(stream.events[-2])["error"]
+    assert err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL) and err["type"] == "server_error"
+    # the request that waited was never sent
+    assert waited[0].status_code == 503
+    assert waited[0].json()["error"] == {"message": WAITED_MESSAGE, "type": "server_error", "param": None,
+                                         "code": "engine_stopped"}
+    assert httpx.get(server.url + "/health").status_code == 503
+    # the next request restarts the engine and is served
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert current_engine(server) != pid and not pid_alive(pid)
+    assert metric(server.url, "strata_server_engine_restarts_total") == restarts0 + 1
+
+
+def test_engine_killed_during_a_plain_request(server):
+    out: list[httpx.Response] = []
+    t = post_on_thread(server.url, LONG, out)
+    assert wait_until(lambda: metric(server.url, "strata_slots_busy") == 1, 30), "never started"
+    os.kill(current_engine(server), signal.SIGKILL)
+    t.join(30)
+    assert out[0].status_code == 503
+    err = out[0].json()["error"]
+    assert err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL) and err["type"] == "server_error"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
+    assert r.status_code == 200
+
+
+def test_sigterm_ends_a_running_stream_cleanly_and_leaves_nothing(server):
+    stream = StreamReader(server.url, LONG)
+    stream.start()
+    assert stream.first.wait(60)
+    pids = server.engine_pids()
+    assert server.stop(signal.SIGTERM) == 0
+    stream.join(30)
+    # the stream ended with an error event and [DONE] once shutdown_timeout ran out
+    assert stream.events[-1] == "[DONE]"
+    assert json.loads(stream.events[-2])["error"]["message"] == SHUTDOWN_MESSAGE
+    assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), "engine left behind"
+
+
+def test_sigkill_of_the_server_takes_the_engine_down(tmp_path):
+    p = start_serve(tmp_path, {"args": ["--max-context", "256"]})
+    try:
+        p.wait_line(r"engine pid \d+ starting")
+        pid = p.engine_pids()[0]
+        p.proc.kill()
+        p.proc.wait(10)
+        assert wait_until(lambda: not pid_alive(pid), 15), "orphaned engine"
+    finally:
+        p.kill_tree()
+
+
+def test_an_engine_that_refuses_to_start(tmp_path):
+    missing = tmp_path / "no-such-pack"
+    p = start_serve(tmp_path, {"args": ["--pack", str(missing)]})
+    try:
+        r = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert f"pack {missing}: no such file or directory" in err["message"]
+        assert err["code"] == "engine_start_failed"
+        # at once again: no new start (back-off), the same reason
+        r2 = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        assert r2.status_code == 503 and "no such file or directory" in r2.json()["error"]["message"]
+        assert "next attempt in" in r2.json()["error"]["message"]
+        assert metric(p.url, "strata_server_engine_starts_total") == 1
+        assert httpx.get(p.url + "/health").status_code == 503
+        assert p.stop(signal.SIGTERM) == 0
+    finally:
+        p.kill_tree()
