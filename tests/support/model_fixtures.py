@@ -22,7 +22,7 @@ MIX_Q2_0_NAME = "SmolLM2-135M-Instruct.mix-Q2_0.gguf"
 def shared_dir() -> Path | None:
     """../shared beside the checkout (or $STRATA_SHARED); None when absent (a user's clone)."""
     env = os.environ.get("STRATA_SHARED")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+    path = Path(env) if env else Path(__file__).resolve().parents[3] / "shared"  # <checkout>/../shared
     return path if path.is_dir() else None
 
 
