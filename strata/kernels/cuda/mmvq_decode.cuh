@@ -17,13 +17,15 @@ template <int ID> struct TypeOf;
 
 // TAB_WORDS / table(): the codebook a type reads (copied to shared memory per thread block;
 // decode gets it as `tab`); 1 / nullptr for types without one.
-#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_)                     \
+#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, PLANES_)            \
     template <> struct TypeOf<ID_> {                                             \
         static constexpr int BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
-        static constexpr bool MIN = MIN_;                                        \
+        static constexpr bool MIN = MIN_, PLANES = PLANES_;                      \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
         __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
-#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr)
+#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, false)
+#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, false)
+// PLANES: codes come out in bit-plane order; the kernel transposes the activations to match.
 
 #define TYPE_TAIL };
 
@@ -132,19 +134,14 @@ TYPE_HEAD(41, 128, 18, -1, false) {
 TYPE_TAIL
 
 // Q2_0 (64 weights): half d; 16 bytes of 2-bit codes, LSB first; value (c - 1) * d.
-// A byte holds 4 consecutive weights; bit planes + a 4x4 byte transpose put them in order.
-TYPE_HEAD(42, 64, 18, -1, false) {
+// A byte holds 4 consecutive weights, so masks give bit planes (code int 4h+s = weights
+// 16h + 4k + s, k = 0..3); PLANES makes the kernel transpose the activations to match.
+TYPE_HEAD_X(42, 64, 18, -1, false, 1, nullptr, true) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const u32 w = ld32u(b + 2 + 8 * sub + 4 * h);  // weights 16h .. 16h+15 of the chunk
-        const u32 p0 = w & 0x03030303, p1 = (w >> 2) & 0x03030303;
-        const u32 p2 = (w >> 4) & 0x03030303, p3 = (w >> 6) & 0x03030303;
-        const u32 t0 = __byte_perm(p0, p1, 0x5140), t1 = __byte_perm(p2, p3, 0x5140);
-        const u32 t2 = __byte_perm(p0, p1, 0x7362), t3 = __byte_perm(p2, p3, 0x7362);
-        r.q[4 * h + 0] = __byte_perm(t0, t1, 0x5410);
-        r.q[4 * h + 1] = __byte_perm(t0, t1, 0x7632);
-        r.q[4 * h + 2] = __byte_perm(t2, t3, 0x5410);
-        r.q[4 * h + 3] = __byte_perm(t2, t3, 0x7632);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) r.q[4 * h + p] = (w >> (2 * p)) & 0x03030303;
     }
     r.sc[0] = r.sc[1] = ldh(b);
 }
@@ -248,10 +245,14 @@ __device__ __forceinline__ void k4_scale_min(const u8* s, int j, u32& sc, u32& m
 
 // Q4_K: half d, half dmin, scales[12], qs[128] (32-byte runs: low nibbles then high).
 TYPE_HEAD(12, 256, 144, 0, true) {
-    const u8* q = b + 16 + 32 * (sub >> 1);
+    // 144-byte blocks in 16-aligned rows: qs runs are 16-byte aligned
+    const uint4* q = (const uint4*)(b + 16 + 32 * (sub >> 1));
     const int sh = 4 * (sub & 1);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.q[i] = (ld32a(q + 4 * i) >> sh) & 0x0F0F0F0F;
+    const uint4 v0 = q[0], v1 = q[1];
+    r.q[0] = (v0.x >> sh) & 0x0F0F0F0F; r.q[1] = (v0.y >> sh) & 0x0F0F0F0F;
+    r.q[2] = (v0.z >> sh) & 0x0F0F0F0F; r.q[3] = (v0.w >> sh) & 0x0F0F0F0F;
+    r.q[4] = (v1.x >> sh) & 0x0F0F0F0F; r.q[5] = (v1.y >> sh) & 0x0F0F0F0F;
+    r.q[6] = (v1.z >> sh) & 0x0F0F0F0F; r.q[7] = (v1.w >> sh) & 0x0F0F0F0F;
     u32 sc, m;
     k4_scale_min(b + 4, sub, sc, m);
     r.sc[0] = r.sc[1] = ldh(b) * (float)sc;
@@ -291,31 +292,32 @@ TYPE_HEAD(14, 256, 210, -32, false) {
 TYPE_TAIL
 
 // ---------------------------------------------------------------- IQ types
-// Grid words: the 4 bytes of a codeword as one u32 (IQ3) or two (IQ2: u64 as uint2).
-__device__ __forceinline__ void signed_pair(const uint2 g, u32 s8, int& a, int& c) {
-    a = apply_signs(g.x, sign_mask4(s8 & 15));
-    c = apply_signs(g.y, sign_mask4(s8 >> 4));
+// tab (shared memory) = the grid's words, then 256 sign masks (uint2: byte j = 0xFF when bit
+// j of the sign byte is set) at word offset GW; 7-bit ksigns indices use ksigns(s7) into it.
+__device__ __forceinline__ uint2 sign_masks(const u32* tab, int gw, u32 s8) { return ((const uint2*)(tab + gw))[s8]; }
+__device__ __forceinline__ void signed_pair_t(const uint2 g, const uint2 m, int& a, int& c) {
+    a = apply_signs(g.x, m.x);
+    c = apply_signs(g.y, m.y);
 }
-
 // IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
-TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, (const u32*)GRID_IQ2XXS) {
+TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256 + 512, TAB_IQ2XXS) {
     const u32 idx = ld32u(b + 2 + 8 * sub), aux = ld32u(b + 6 + 8 * sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint2 g = ((const uint2*)tab)[(idx >> (8 * l)) & 255];
-        signed_pair(g, ksigns((aux >> (7 * l)) & 127), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair_t(g, sign_masks(tab, 512, ksigns((aux >> (7 * l)) & 127)), r.q[2 * l], r.q[2 * l + 1]);
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.25f;
 }
 TYPE_TAIL
 
 // IQ2_XS: half d; u16 qs[32] (9-bit grid index, 7 sign bits); scales[8] (a nibble per 16).
-TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512, (const u32*)GRID_IQ2XS) {
+TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512 + 512, TAB_IQ2XS) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 v = ld16(b + 2 + 2 * (4 * sub + l));
         const uint2 g = ((const uint2*)tab)[v & 511];
-        signed_pair(g, ksigns(v >> 9), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair_t(g, sign_masks(tab, 1024, ksigns(v >> 9)), r.q[2 * l], r.q[2 * l + 1]);
     }
     const float d = ldh(b);
     const u32 s = ld8(b + 66 + sub);
@@ -325,13 +327,13 @@ TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512, (const u32*)GRID_IQ2XS) {
 TYPE_TAIL
 
 // IQ2_S: half d; qs[32] grid index low bytes, signs[32]; qh[8] (2 high bits per index); scales[8].
-TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024, (const u32*)GRID_IQ2S) {
+TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024 + 512, TAB_IQ2S) {
     const u32 qh = ld8(b + 66 + sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 i = ld8(b + 2 + 4 * sub + l) | ((qh << (8 - 2 * l)) & 0x300);
         const uint2 g = ((const uint2*)tab)[i];
-        signed_pair(g, ld8(b + 34 + 4 * sub + l), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair_t(g, sign_masks(tab, 2048, ld8(b + 34 + 4 * sub + l)), r.q[2 * l], r.q[2 * l + 1]);
     }
     const float d = ldh(b);
     const u32 s = ld8(b + 74 + sub);
@@ -341,30 +343,33 @@ TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024, (const u32*)GRID_IQ2S) {
 TYPE_TAIL
 
 // IQ3_XXS: half d; qs[64] grid indices (4-byte codewords); 8 u32 of 4 x 7 sign bits + scale.
-TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS) {
+TYPE_HEAD_TAB(18, 256, 98, 0, false, 256 + 512, TAB_IQ3XXS) {
     const u32 aux = ld32u(b + 66 + 4 * sub);
+    const u32 q01 = ld32u(b + 2 + 8 * sub), q23 = ld32u(b + 6 + 8 * sub);  // 8 grid indices
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u32 s8 = ksigns((aux >> (7 * l)) & 127);
-        const u32 g0 = tab[ld8(b + 2 + 8 * sub + 2 * l)];
-        const u32 g1 = tab[ld8(b + 3 + 8 * sub + 2 * l)];
-        r.q[2 * l] = apply_signs(g0, sign_mask4(s8 & 15));
-        r.q[2 * l + 1] = apply_signs(g1, sign_mask4(s8 >> 4));
+        const uint2 m = sign_masks(tab, 256, ksigns((aux >> (7 * l)) & 127));
+        const u32 idx = l < 2 ? q01 : q23;
+        r.q[2 * l] = apply_signs(tab[__byte_perm(idx, 0, 0x4440 + 2 * (l & 1))], m.x);
+        r.q[2 * l + 1] = apply_signs(tab[__byte_perm(idx, 0, 0x4441 + 2 * (l & 1))], m.y);
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.5f;
 }
 TYPE_TAIL
 
 // IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
-TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S) {
+TYPE_HEAD_TAB(21, 256, 110, 0, false, 512 + 512, TAB_IQ3S) {
     const u32 qh = ld8(b + 66 + sub);
+    const u32 q01 = ld32u(b + 2 + 8 * sub), q23 = ld32u(b + 6 + 8 * sub);  // index low bytes
+    const u32 sg = ld32u(b + 74 + 4 * sub);                                  // 4 sign bytes
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u32 i0 = ld8(b + 2 + 8 * sub + 2 * l) | ((qh << (8 - 2 * l)) & 256);
-        const u32 i1 = ld8(b + 3 + 8 * sub + 2 * l) | ((qh << (7 - 2 * l)) & 256);
-        const u32 s8 = ld8(b + 74 + 4 * sub + l);
-        r.q[2 * l] = apply_signs(tab[i0], sign_mask4(s8 & 15));
-        r.q[2 * l + 1] = apply_signs(tab[i1], sign_mask4(s8 >> 4));
+        const u32 idx = l < 2 ? q01 : q23;
+        const u32 i0 = __byte_perm(idx, 0, 0x4440 + 2 * (l & 1)) | ((qh << (8 - 2 * l)) & 256);
+        const u32 i1 = __byte_perm(idx, 0, 0x4441 + 2 * (l & 1)) | ((qh << (7 - 2 * l)) & 256);
+        const uint2 m = sign_masks(tab, 512, __byte_perm(sg, 0, 0x4440 + l));
+        r.q[2 * l] = apply_signs(tab[i0], m.x);
+        r.q[2 * l + 1] = apply_signs(tab[i1], m.y);
     }
     const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
     r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);

@@ -23,6 +23,7 @@ template <class T> struct Geometry {
     static constexpr int S0 = 1 + (IN_FLIGHT + ITEM - 1) / ITEM;
     static constexpr int STAGES = S0 < 2 ? 2 : S0 > 8 ? 8 : S0;
     static constexpr int WARP_SMEM = STAGES * RPW * TBUF;
+    static constexpr int MAXP = (TB * T::TS + 15) / 16 + 1;  // 16-byte pieces per row tile
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -36,12 +37,28 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 // Copy blocks [b0, b0 + nb) of a row into buf, starting at the 16-byte boundary at or below
 // the first byte. Whole aligned 16-byte pieces never cross a page, so reading the few bytes
-// outside the row cannot fault. (The caller commits the group.)
+// outside the row cannot fault. At most MAXP pieces: a fixed, predicated sequence per lane.
+// (The caller commits the group.)
+template <int MAXP>
 __device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb, u8* buf, int lane) {
     const size_t g0 = (size_t)row + (size_t)b0 * ts;
     const size_t a0 = g0 & ~(size_t)15;
     const int n16 = (int)((g0 + (size_t)nb * ts - a0 + 15) >> 4);
-    for (int i = lane; i < n16; i += 32) cp_async16(buf + 16 * i, (const void*)(a0 + 16 * (size_t)i));
+#pragma unroll
+    for (int j = 0; j < (MAXP + 31) / 32; ++j) {
+        const int i = lane + 32 * j;
+        if (i < n16) cp_async16(buf + 16 * i, (const void*)(a0 + 16 * (size_t)i));
+    }
+}
+
+// 4x4 byte transpose of 16 activation bytes, for types whose codes come out in bit-plane
+// order (code int s holds weights s, 4+s, 8+s, 12+s): permuting the activations once per
+// column serves all RPW rows, where permuting codes would cost per row.
+__device__ __forceinline__ int4 transpose4x4(const int4 v) {
+    const u32 t0 = __byte_perm(v.x, v.y, 0x5140), t1 = __byte_perm(v.z, v.w, 0x5140);
+    const u32 t2 = __byte_perm(v.x, v.y, 0x7362), t3 = __byte_perm(v.z, v.w, 0x7362);
+    return make_int4(__byte_perm(t0, t1, 0x5410), __byte_perm(t0, t1, 0x7632),
+                     __byte_perm(t2, t3, 0x5410), __byte_perm(t2, t3, 0x7632));
 }
 
 // Activation metadata per 32-block (8 bytes): d, and the two 16-value integer sums of q
@@ -118,7 +135,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
                 const int row = min(r0 + g * RPW + rr, r1 - 1);
-                issue_tile(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, TB), buf + rr * G::TBUF, lane);
+                issue_tile<G::MAXP>(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, TB), buf + rr * G::TBUF, lane);
             }
         }
         cp_async_commit();  // empty groups keep the count uniform
@@ -153,7 +170,11 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
                 const int4* qp = (const int4*)(q8 + (size_t)j * k + 32 * (size_t)gc);
-                const int4 a = __ldg(qp), b = __ldg(qp + 1);
+                int4 a = __ldg(qp), b = __ldg(qp + 1);
+                if (T::PLANES) {
+                    a = transpose4x4(a);
+                    b = transpose4x4(b);
+                }
                 const QMeta m = meta[(size_t)j * kb + gc];
 #pragma unroll
                 for (int rr = 0; rr < RPW; ++rr) acc[rr][j] += chunk_dot<T>(ch[rr], a, b, m);
