@@ -86,3 +86,29 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def chat_ids(core, user: str) -> list[int]:
     text = core.chat.render([{"role": "user", "content": user}])
     return core.tokenizer.encode(text, add_special=True)
+
+
+def synth_model(out_dir, arch: str, types: dict[str, str] | None = None, **shape):
+    """Write a tiny synthetic pack (random valid blocks) and return its GGUF path."""
+    from dataclasses import replace
+
+    from strata.pack.presets import TINY
+    from strata.pack.synth import synth_pack
+
+    spec = replace(TINY[arch], vocab=shape.pop("vocab", 1024), **shape)
+    if types:
+        spec = spec.with_types(types)
+    (path,) = synth_pack(spec, out_dir, name=arch, progress=lambda line: None)
+    return path
+
+
+def load_model(path):
+    """(Transformer on the CPU backend, pack) for a GGUF file."""
+    from strata.backend.cpu import CpuBackend
+    from strata.model.config import config_from_metadata
+    from strata.model.transformer import Transformer
+    from strata.pack.loader import open_pack
+
+    pack = open_pack(pack=str(path), native=None, ple_gguf=[])
+    model = Transformer(CpuBackend(), config_from_metadata(pack.metadata), lambda name: pack.tensors.get(name))
+    return model, pack
