@@ -21,7 +21,7 @@ LONG = {"prompt": "Write a long story about a cat.", "max_tokens": 400, "ignore_
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    cfg = {"parallel": 1, "args": ["--max-context", "512"], "shutdown_timeout": 1.5}
+    cfg = {"parallel": 1, "max_queued": 1, "args": ["--max-context", "512"], "shutdown_timeout": 1.5}
     p = start_serve(tmp_path_factory.mktemp("sup"), cfg)
     try:
         p.wait_healthy()
@@ -70,6 +70,9 @@ def test_engine_killed_mid_stream_and_while_a_request_waits(server):
     waited: list[httpx.Response] = []
     t = post_on_thread(server.url, {"prompt": "Hi", "max_tokens": 2}, waited)
     assert wait_until(lambda: metric(server.url, "strata_server_queue_depth") == 1, 10), "not queued"
+    # one running + one waiting is the bound (parallel 1, max_queued 1): a third is turned away
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
     pid = current_engine(server)
     os.kill(pid, signal.SIGKILL)
     stream.join(30)
