@@ -233,14 +233,12 @@ TYPE_HEAD(11, 256, 110, -4, false) {
 TYPE_TAIL
 
 // get_scale_min_k4 of ggml: 8 (scale, min) pairs of 6 bits packed in 12 bytes.
+// Branch-free: lanes of a warp decode different j, so a branch would run both sides.
 __device__ __forceinline__ void k4_scale_min(const u8* s, int j, u32& sc, u32& m) {
-    if (j < 4) {
-        sc = ld8(s + j) & 63;
-        m = ld8(s + j + 4) & 63;
-    } else {
-        sc = (ld8(s + j + 4) & 15) | ((ld8(s + j - 4) >> 6) << 4);
-        m = (ld8(s + j + 4) >> 4) | ((ld8(s + j) >> 6) << 4);
-    }
+    const u32 x = ld8(s + j), y = ld8(s + j + 4), z = ld8(s + (j & 3));  // z = s[j - 4] for j >= 4
+    const bool lo = j < 4;
+    sc = lo ? (x & 63) : ((y & 15) | ((z >> 6) << 4));
+    m = lo ? (y & 63) : ((y >> 4) | ((x >> 6) << 4));
 }
 
 // Q4_K: half d, half dmin, scales[12], qs[128] (32-byte runs: low nibbles then high).

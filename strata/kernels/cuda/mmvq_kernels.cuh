@@ -16,8 +16,11 @@
 // about IN_FLIGHT bytes of weights on their way from HBM (Little's law: ~64 KB per SM).
 #define IN_FLIGHT 3072
 template <class T> struct Geometry {
-    static constexpr int CPB = T::BS / 32;                        // chunks per block
-    static constexpr int TB = 32 / CPB;                           // blocks per tile
+    static constexpr int CPB = T::BS / 32;  // chunks per block
+    // chunks per lane per row per item: 2 where a round is small, to spread the per-item
+    // overhead (copies, addressing, loop) over more work
+    static constexpr int CPL = (32 / CPB) * T::TS <= 600 ? 2 : 1;
+    static constexpr int TB = 32 * CPL / CPB;                      // blocks per tile
     static constexpr int TBUF = (TB * T::TS + 16 + 15) / 16 * 16;  // + alignment slack
     static constexpr int ITEM = RPW * TB * T::TS;
     static constexpr int S0 = 1 + (IN_FLIGHT + ITEM - 1) / ITEM;
@@ -128,9 +131,11 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // item i = (group i / ntiles, tile i % ntiles) lives in stage buffer i % S. Rows past r1 in
     // the last group re-read row r1 - 1 (never the case when rows_per_warp is a multiple of
     // RPW and rows a multiple of it); their results are not written.
+    int ig = 0, ib = 0;  // group and first block of the next item to copy
     auto issue = [&](int i) {
         if (i < items) {
-            const int g = i / ntiles, b0 = (i % ntiles) * TB;
+            const int g = ig, b0 = ib;
+            if ((ib += TB) >= nblk) { ib = 0; ++ig; }
             u8* buf = sbuf + (i % S) * RPW * G::TBUF;
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
@@ -161,8 +166,10 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
             base[rr] = sbuf + ((it % S) * RPW + rr) * G::TBUF +
                        (((size_t)w + (size_t)row * row_bytes + (size_t)b0 * T::TS) & 15);
         }
-        const int c = lane;  // one chunk per lane per row: a tile is 32 chunks
-        if (c < nb * CPB) {
+#pragma unroll
+        for (int u = 0; u < G::CPL; ++u) {
+          const int c = lane + 32 * u;  // CPL chunks per lane per row: a tile is 32 * CPL chunks
+          if (c < nb * CPB) {
             Chunk ch[RPW];
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) T::decode(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], tab);
@@ -179,6 +186,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
 #pragma unroll
                 for (int rr = 0; rr < RPW; ++rr) acc[rr][j] += chunk_dot<T>(ch[rr], a, b, m);
             }
+          }
         }
         __syncwarp();  // stage it % S is reused by the issue at the top of iteration it + 1
         if (++t == ntiles) {  // row group done
