@@ -57,6 +57,10 @@ class Backend:
         """token_ids (n,) -> (n, n_embd) float32."""
         raise NotImplementedError
 
+    def free_bytes(self) -> int | None:
+        """Memory still free on the device for per-slot state (None: unknown)."""
+        return None
+
     # ---- transfers -----------------------------------------------------------------
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         return self.xp.asarray(a, dtype=dtype)

@@ -9,6 +9,7 @@ kernels compute and are used to test them, not for speed.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,6 +54,12 @@ class CpuBackend(Backend):
             a = np.ascontiguousarray(dequantize_source(src), dtype=np.float32)
             self._cache[src.name] = a
         return a
+
+    def free_bytes(self) -> int | None:
+        try:  # POSIX; elsewhere (Windows) unknown, and the probe skips the room check
+            return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            return None
 
     def linear_weight(self, sources: Sequence[TensorSource]) -> DenseWeight:
         mats = [self._dense(s) for s in sources]

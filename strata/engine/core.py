@@ -128,7 +128,8 @@ class EngineCore:
                    if src is None or n not in src.tensors}
         draft_tensors = {n: (t.ggml_type, tuple(t.shape)) for n, t in src.tensors.items()} if src else None
         report = run_probe(tensors, draft_tensors, self.opts, self.backend.name, table,
-                           n_gpus=1, mtp_state_bytes_per_slot=getattr(self, "draft_state_bytes", 0))
+                           n_gpus=1, mtp_state_bytes_per_slot=getattr(self, "draft_state_bytes", 0),
+                           free_bytes=self.backend.free_bytes())
         self.probe_report = report
         if not report.can_run:
             raise StrataError("; ".join(report.startup_lines()) or "the pack cannot run on this backend")

@@ -150,7 +150,8 @@ class BlockRunner:
         p = xp.exp(logits - logits.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
         k = c.n_expert_used
-        ids = xp.argsort(-p, axis=-1, kind="stable")[:, :k]
+        # stable on numpy so ties pick the lower expert id, as the reference does (cupy sorts stably too)
+        ids = (xp.argsort(-p, axis=-1, kind="stable") if xp is np else xp.argsort(-p, axis=-1))[:, :k]
         w = xp.take_along_axis(p, ids, axis=-1)
         if c.norm_topk:
             w = w / w.sum(axis=-1, keepdims=True)
