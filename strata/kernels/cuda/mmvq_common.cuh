@@ -42,6 +42,12 @@ __device__ __forceinline__ u32 ld32u(const u8* p) {  // any alignment (reads up 
 }
 __device__ __forceinline__ float ldh(const u8* p) { return h2f((u16)ld16(p)); }
 
+// 4 bits -> bytes 0x00/0xFF (bit i of s4 -> byte i). The multiply places bit i at bit 8i+7
+// (all 16 partial-product bits land on distinct positions, so no carries); prmt's sign mode
+// then widens each byte's top bit. (3 ALU ops: cheaper than a shared-memory mask table,
+// whose random 8-byte reads conflict on banks.)
+__device__ __forceinline__ u32 sign_mask4(u32 s4) { return prmt(s4 * 0x10204080u, 0u, 0xBA98u); }
+
 // 4 bits -> bytes 0x00/0x01 (bit i of b4 -> byte i), same carry-free multiply.
 __device__ __forceinline__ u32 spread4(u32 b4) { return (b4 * 0x00204081u) & 0x01010101u; }
 

@@ -290,32 +290,32 @@ TYPE_HEAD(14, 256, 210, -32, false) {
 TYPE_TAIL
 
 // ---------------------------------------------------------------- IQ types
-// tab (shared memory) = the grid's words, then 256 sign masks (uint2: byte j = 0xFF when bit
-// j of the sign byte is set) at word offset GW; 7-bit ksigns indices use ksigns(s7) into it.
-__device__ __forceinline__ uint2 sign_masks(const u32* tab, int gw, u32 s8) { return ((const uint2*)(tab + gw))[s8]; }
+// tab (shared memory) = the grid's words. Sign masks (uint2: byte j = 0xFF when bit j of the
+// sign byte is set) are computed, 3 ops per 4 bytes.
+__device__ __forceinline__ uint2 sign_masks(u32 s8) { return make_uint2(sign_mask4(s8 & 15), sign_mask4(s8 >> 4)); }
 __device__ __forceinline__ void signed_pair_t(const uint2 g, const uint2 m, int& a, int& c) {
     a = apply_signs(g.x, m.x);
     c = apply_signs(g.y, m.y);
 }
 // IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
-TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256 + 512, TAB_IQ2XXS) {
+TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, GRID_IQ2XXS_W) {
     const u32 idx = ld32u(b + 2 + 8 * sub), aux = ld32u(b + 6 + 8 * sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint2 g = ((const uint2*)tab)[(idx >> (8 * l)) & 255];
-        signed_pair_t(g, sign_masks(tab, 512, ksigns((aux >> (7 * l)) & 127)), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair_t(g, sign_masks(ksigns((aux >> (7 * l)) & 127)), r.q[2 * l], r.q[2 * l + 1]);
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.25f;
 }
 TYPE_TAIL
 
 // IQ2_XS: half d; u16 qs[32] (9-bit grid index, 7 sign bits); scales[8] (a nibble per 16).
-TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512 + 512, TAB_IQ2XS) {
+TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512, GRID_IQ2XS_W) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 v = ld16(b + 2 + 2 * (4 * sub + l));
         const uint2 g = ((const uint2*)tab)[v & 511];
-        signed_pair_t(g, sign_masks(tab, 1024, ksigns(v >> 9)), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair_t(g, sign_masks(ksigns(v >> 9)), r.q[2 * l], r.q[2 * l + 1]);
     }
     const float d = ldh(b);
     const u32 s = ld8(b + 66 + sub);
@@ -325,13 +325,13 @@ TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512 + 512, TAB_IQ2XS) {
 TYPE_TAIL
 
 // IQ2_S: half d; qs[32] grid index low bytes, signs[32]; qh[8] (2 high bits per index); scales[8].
-TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024 + 512, TAB_IQ2S) {
+TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024, GRID_IQ2S_W) {
     const u32 qh = ld8(b + 66 + sub);
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 i = ld8(b + 2 + 4 * sub + l) | ((qh << (8 - 2 * l)) & 0x300);
         const uint2 g = ((const uint2*)tab)[i];
-        signed_pair_t(g, sign_masks(tab, 2048, ld8(b + 34 + 4 * sub + l)), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair_t(g, sign_masks(ld8(b + 34 + 4 * sub + l)), r.q[2 * l], r.q[2 * l + 1]);
     }
     const float d = ldh(b);
     const u32 s = ld8(b + 74 + sub);
@@ -341,12 +341,12 @@ TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024 + 512, TAB_IQ2S) {
 TYPE_TAIL
 
 // IQ3_XXS: half d; qs[64] grid indices (4-byte codewords); 8 u32 of 4 x 7 sign bits + scale.
-TYPE_HEAD_TAB(18, 256, 98, 0, false, 256 + 512, TAB_IQ3XXS) {
+TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS_W) {
     const u32 aux = ld32u(b + 66 + 4 * sub);
     const u32 q01 = ld32u(b + 2 + 8 * sub), q23 = ld32u(b + 6 + 8 * sub);  // 8 grid indices
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const uint2 m = sign_masks(tab, 256, ksigns((aux >> (7 * l)) & 127));
+        const uint2 m = sign_masks(ksigns((aux >> (7 * l)) & 127));
         const u32 idx = l < 2 ? q01 : q23;
         r.q[2 * l] = apply_signs(tab[__byte_perm(idx, 0, 0x4440 + 2 * (l & 1))], m.x);
         r.q[2 * l + 1] = apply_signs(tab[__byte_perm(idx, 0, 0x4441 + 2 * (l & 1))], m.y);
@@ -356,7 +356,7 @@ TYPE_HEAD_TAB(18, 256, 98, 0, false, 256 + 512, TAB_IQ3XXS) {
 TYPE_TAIL
 
 // IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
-TYPE_HEAD_TAB(21, 256, 110, 0, false, 512 + 512, TAB_IQ3S) {
+TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S_W) {
     const u32 qh = ld8(b + 66 + sub);
     const u32 q01 = ld32u(b + 2 + 8 * sub), q23 = ld32u(b + 6 + 8 * sub);  // index low bytes
     const u32 sg = ld32u(b + 74 + 4 * sub);                                  // 4 sign bytes
@@ -365,7 +365,7 @@ TYPE_HEAD_TAB(21, 256, 110, 0, false, 512 + 512, TAB_IQ3S) {
         const u32 idx = l < 2 ? q01 : q23;
         const u32 i0 = __byte_perm(idx, 0, 0x4440 + 2 * (l & 1)) | ((qh << (8 - 2 * l)) & 256);
         const u32 i1 = __byte_perm(idx, 0, 0x4441 + 2 * (l & 1)) | ((qh << (7 - 2 * l)) & 256);
-        const uint2 m = sign_masks(tab, 512, __byte_perm(sg, 0, 0x4440 + l));
+        const uint2 m = sign_masks(__byte_perm(sg, 0, 0x4440 + l));
         r.q[2 * l] = apply_signs(tab[i0], m.x);
         r.q[2 * l + 1] = apply_signs(tab[i1], m.y);
     }

@@ -41,17 +41,6 @@ def _kv_defines(prefix: str, values) -> str:
     return "".join(f"#define {prefix}_{i} 0x{int(w):08x}u\n" for i, w in enumerate(words))
 
 
-def _sign_masks() -> np.ndarray:
-    """256 x uint2 words: byte j of entry s is 0xFF when bit j of s is set (sign masks)."""
-    bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
-    return np.ascontiguousarray((bits * 255).astype(np.uint8)).view("<u4").reshape(256, 2)
-
-
-def _grid_and_signs(name: str, words: np.ndarray) -> str:
-    """One table the kernel copies to shared memory: the grid's words, then the sign masks."""
-    return _c_u32(name, np.concatenate([words.reshape(-1), _sign_masks().reshape(-1)]))
-
-
 @functools.cache
 def table_source() -> str:
     from strata.kernels import dequant_basic as db
@@ -61,11 +50,11 @@ def table_source() -> str:
     parts = [
         _kv_defines("KV_IQ4NL", KVALUES_IQ4NL),
         _kv_defines("KV_FP4", KVALUES_FP4),
-        _grid_and_signs("TAB_IQ2XXS", _words(di.GRID_IQ2XXS)),
-        _grid_and_signs("TAB_IQ2XS", _words(di.GRID_IQ2XS)),
-        _grid_and_signs("TAB_IQ2S", _words(di.GRID_IQ2S)),
-        _grid_and_signs("TAB_IQ3XXS", _words(di.GRID_IQ3XXS)),
-        _grid_and_signs("TAB_IQ3S", _words(di.GRID_IQ3S)),
+        _c_u32("GRID_IQ2XXS_W", _words(di.GRID_IQ2XXS)),
+        _c_u32("GRID_IQ2XS_W", _words(di.GRID_IQ2XS)),
+        _c_u32("GRID_IQ2S_W", _words(di.GRID_IQ2S)),
+        _c_u32("GRID_IQ3XXS_W", _words(di.GRID_IQ3XXS)),
+        _c_u32("GRID_IQ3S_W", _words(di.GRID_IQ3S)),
         _c_uint2("GRID_IQ1S", _words(di.GRID_IQ1S, signed_bias=16, mult=8)),
         _c_f32_bits("E8M0_HALF_BITS", db.E8M0_HALF),
         _c_f32_bits("UE4M3_HALF_BITS", db.UE4M3_HALF),
