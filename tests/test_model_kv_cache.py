@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.engine.protocol import GenerationRequest, SamplingParams
 from strata.errors import StrataError
 from strata.model.transformer import Span
-from tests.support.model_fixtures import Float32KV, chat_ids, engine, log_softmax, logits_of
+from tests.support.model_fixtures import Float32KV, chat_ids, engine, log_softmax, logits_of, run
 
 N_CTX = 40
 
@@ -29,17 +29,6 @@ def prompt(core):
     ids = chat_ids(core, "What is the capital of France? Answer in one long sentence please.")
     assert len(ids) > N_CTX
     return ids
-
-
-def run(core, ids, **params):
-    h = core.submit(GenerationRequest(list(ids), SamplingParams(**params)))
-    core.scheduler.run_until_idle()
-    events = []
-    while True:
-        ev = h.events.get(timeout=60)
-        if isinstance(ev, FinishEvent):
-            return events, ev
-        events.append(ev)
 
 
 def test_int8_cache_logits_stay_close_to_f16(core, prompt):

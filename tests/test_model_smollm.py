@@ -13,24 +13,14 @@ import numpy as np
 import pytest
 
 from strata.defaults import default_model_path
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.model.transformer import Span
 from tests.support.model_fixtures import (
-    MIX_Q2_0_NAME, chat_ids, engine, log_softmax, logits_of, reference, shared_file,
+    MIX_Q2_0_NAME, chat_ids, engine, log_softmax, logits_of, reference, run, shared_file,
 )
 from tests.support import reference_model
 
 MODEL = str(default_model_path())
 NEAR_TIE = 0.3  # top-2 log-prob gap under which two exact-enough engines may pick differently
-
-
-def drain(handle):
-    events = []
-    while True:
-        ev = handle.events.get(timeout=60)
-        if isinstance(ev, FinishEvent):
-            return events, ev
-        events.append(ev)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +63,7 @@ def test_logits_with_f16_cache_stay_close_to_float64(core, oracle):
 
 def test_greedy_answer_names_paris(core):
     ids = chat_ids(core, "What is the capital of France?")
-    h = core.submit(GenerationRequest(ids, SamplingParams(max_tokens=16, temperature=0.0)))
-    core.scheduler.run_until_idle()
-    events, fin = drain(h)
+    events, fin = run(core, ids, max_tokens=16, temperature=0.0)
     text = "".join(e.text for e in events) + fin.text_tail
     assert "Paris" in text, text
     assert fin.reason in ("stop", "length")

@@ -112,3 +112,24 @@ def load_model(path):
     pack = open_pack(pack=str(path), native=None, ple_gguf=[])
     model = Transformer(CpuBackend(), config_from_metadata(pack.metadata), lambda name: pack.tensors.get(name))
     return model, pack
+
+
+def drain(handle, timeout: float = 120.0):
+    """(token events, finish event) of a request."""
+    from strata.engine.protocol import FinishEvent
+
+    events = []
+    while True:
+        ev = handle.events.get(timeout=timeout)
+        if isinstance(ev, FinishEvent):
+            return events, ev
+        events.append(ev)
+
+
+def run(core, ids, **params):
+    """Submit one request, drive the scheduler on this thread, return (events, finish)."""
+    from strata.engine.protocol import GenerationRequest, SamplingParams
+
+    handle = core.submit(GenerationRequest(list(ids), SamplingParams(**params)))
+    core.scheduler.run_until_idle()
+    return drain(handle)
