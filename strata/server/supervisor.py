@@ -387,6 +387,13 @@ class ServeApp:
                         code="engine_connection_failed")
 
     async def _generate(self, request: Request, path: str) -> Response:
+        try:
+            return await self._admit_and_forward(request, path)
+        except APIError as e:
+            self.sup.metrics.requests.labels(str(e.code or e.type)).inc()
+            raise
+
+    async def _admit_and_forward(self, request: Request, path: str) -> Response:
         sup = self.sup
         check_api_key(request, self.cfg.api_key)
         raw = await read_body(request, self.cfg.max_request_bytes)
@@ -433,9 +440,6 @@ class ServeApp:
         except _ClientGone:
             sup.metrics.requests.labels("client_gone").inc()
             return Response(status_code=499)
-        except APIError as e:
-            sup.metrics.requests.labels(str(e.code or e.type)).inc()
-            raise
         finally:
             watcher.cancel()
             if not handed_over:
