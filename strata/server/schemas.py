@@ -9,7 +9,7 @@ rejected with a clear message when they would change the result (`tools`, `n` !=
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -23,6 +23,15 @@ MAX_COMPLETION_LOGPROBS = 5
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+def _refuse_unless(ok: Callable[[Any], bool], message: str):
+    """A field validator for values that would change the result and that we do not support."""
+    def check(cls, v):
+        if not ok(v):
+            raise ValueError(message)
+        return v
+    return check
 
 
 class TextPart(_Strict):
@@ -86,25 +95,15 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     user: str | None = None
 
+    _one_choice = field_validator("n")(_refuse_unless(lambda v: v == 1, "only n = 1 is supported"))
+    _no_penalties = field_validator("frequency_penalty", "presence_penalty")(
+        _refuse_unless(lambda v: v == 0, "penalties are not supported (only 0)"))
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v):
         if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, v):
-        if v != 1:
-            raise ValueError("only n = 1 is supported")
-        return v
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _no_penalties(cls, v):
-        if v != 0:
-            raise ValueError("penalties are not supported (only 0)")
         return v
 
     def stop_list(self) -> list[str]:
@@ -132,19 +131,9 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v):
-        if v:
-            raise ValueError("tools are not supported")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, v):
-        if v is not None and v.get("type", "text") != "text":
-            raise ValueError("only response_format type 'text' is supported")
-        return v
+    _no_tools = field_validator("tools")(_refuse_unless(lambda v: not v, "tools are not supported"))
+    _text_format = field_validator("response_format")(_refuse_unless(
+        lambda v: v is None or v.get("type", "text") == "text", "only response_format type 'text' is supported"))
 
     @field_validator("top_logprobs")
     @classmethod
@@ -171,6 +160,9 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
     best_of: int | None = None
 
+    _no_suffix = field_validator("suffix")(_refuse_unless(lambda v: not v, "suffix is not supported"))
+    _best_of_one = field_validator("best_of")(_refuse_unless(lambda v: v in (None, 1), "only best_of = 1 is supported"))
+
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
@@ -179,20 +171,6 @@ class CompletionRequest(_Sampling):
                 raise ValueError("prompt is empty")
             if isinstance(v[0], (str, list)) and len(v) != 1:
                 raise ValueError("only one prompt per request is supported")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of_one(cls, v):
-        if v not in (None, 1):
-            raise ValueError("only best_of = 1 is supported")
         return v
 
     def single_prompt(self) -> str | list[int]:
