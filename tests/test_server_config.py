@@ -113,3 +113,19 @@ def test_cli_bad_config_is_one_line_and_exit_2(tmp_path: Path):
     assert r.stderr.strip().splitlines() == [f"strata: {f}: parallel: Input should be greater than or equal to 1 (got -3)"]
     r = _serve("--config", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _strata(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "strata.cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_engine_refusals_are_one_line_exit_2(tmp_path: Path):
+    r = _strata("engine", "--bogus-flag", "1")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--bogus-flag" in r.stderr
+    r = _strata("--spec", "many")  # `strata --flag` is `strata engine --flag`
+    assert r.returncode == 2 and "--spec" in r.stderr
+    missing = tmp_path / "nope"
+    r = _strata("--pack", str(missing), "--port", "0")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == f"strata: pack {missing}: no such file or directory"
