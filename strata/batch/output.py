@@ -23,14 +23,13 @@ class TextOutput:
     def feed(self, token_id: int) -> str:
         """Add a token; returns the text it releases ("" while held back)."""
         self._held += self._utf8.decode(self._token_bytes(token_id))
-        for s in self._stop:
-            i = self._held.find(s)
-            if i >= 0:
-                out = self._held[:i]
-                self._held = ""
-                self.stopped = True
-                self.text += out
-                return out
+        hits = [i for i in (self._held.find(s) for s in self._stop) if i >= 0]
+        if hits:  # the earliest match in the text wins, whatever the order of the list
+            out = self._held[: min(hits)]
+            self._held = ""
+            self.stopped = True
+            self.text += out
+            return out
         keep = self._longest_stop_prefix_suffix()
         out = self._held[: len(self._held) - keep]
         self._held = self._held[len(self._held) - keep :]
