@@ -1,0 +1,48 @@
+"""`strata mtp train --pack P --out DRAFT ...`: train an MTP draft for a pack that has none.
+
+Training needs PyTorch (the optional `train` extra); serving a trained draft does not.
+"""
+
+from __future__ import annotations
+
+from strata.engine.options import _positive_int as _positive
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="mtp_command", metavar="train")
+    t = sub.add_parser("train", help="self-distil a draft (docs/MTP.md format) from the target pack")
+    t.add_argument("--pack", default=None, help="target pack (default: the bundled SmolLM2-135M-Instruct)")
+    t.add_argument("--out", required=True, help="draft GGUF to write (load it with --mtp)")
+    t.add_argument("--steps", type=_positive, default=300, help="optimizer steps (default 300)")
+    t.add_argument("--data", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="train on these text files (prefilled) instead of text the target writes itself")
+    t.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="PyTorch device for training")
+    t.add_argument("--prompts", type=_positive, default=200, help="built-in prompts the target answers (no --data)")
+    t.add_argument("--max-new", type=_positive, default=128, help="tokens the target writes per prompt")
+    t.add_argument("--slots", type=_positive, default=16, help="sequences generated together per window")
+    t.add_argument("--batch-tokens", type=_positive, default=2048, help="tokens per training step")
+    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
+    t.add_argument("--data-minutes", type=float, default=None, help="stop generating training text after this long")
+    t.add_argument("--one-pass", action="store_true", help="train draft position 1 only (cheaper, weaker at --spec >= 2)")
+    t.add_argument("--no-measure", action="store_true", help="skip the final acceptance check with the engine")
+    t.add_argument("--data-cache", default=None, metavar="PREFIX",
+                   help="keep collected data in PREFIX.train.npz / PREFIX.val.npz and reuse it when present")
+    t.add_argument("--held-out-per-kind", type=_positive, default=None,
+                   help="held-out prompts per kind for acceptance while training (default: all)")
+    t.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    from strata.errors import StrataError
+
+    if args.mtp_command != "train":
+        raise StrataError("strata mtp: expected a subcommand: train")
+    from strata.mtp.train.trainer import TrainConfig, train
+
+    cfg = TrainConfig(pack=args.pack, out=args.out, steps=args.steps, data=list(args.data), device=args.device,
+                      prompts=args.prompts, max_new=args.max_new, slots=args.slots, batch_tokens=args.batch_tokens,
+                      lr=args.lr, two_pass=not args.one_pass, measure=not args.no_measure, seed=args.seed,
+                      data_cache=args.data_cache, held_out_per_kind=args.held_out_per_kind,
+                      data_budget_s=args.data_minutes * 60 if args.data_minutes else None)
+    train(cfg, log=lambda line: print(line, flush=True))
+    return 0

@@ -1,0 +1,182 @@
+"""Training text for a draft: the target's own tokens, final-normed hiddens and next-token logits.
+
+Two sources, both run through Strata's own Transformer (no PyTorch needed here):
+- `generate`: the target answers prompts itself, many sequences per window (a batched decode
+  costs about what one sequence costs on a memory-bound CPU), greedy or sampled;
+- `prefill_text`: text the user gives, cut into pieces and prefilled (logits for every row).
+
+Per sequence we keep tokens x_0..x_{N-1}, hiddens h_0..h_{N-2} (what Transformer.forward
+returns: the input of the output head) and, for the rows where the target's next-token
+distribution was computed, its top-K logits. The draft entry for x_p reads h_{p-1} and is
+taught the target's distribution logits(h_p).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from strata.model.transformer import Span
+
+TOP_K = 16  # target logits kept per row: the candidates the draft must rank like the target
+
+
+@dataclass
+class Sequence:
+    tokens: np.ndarray  # (N,) int32
+    hidden: np.ndarray  # (N-1, E) float16: h_0..h_{N-2}
+    top_ids: np.ndarray  # (N-1, K) int32: target's top-K next tokens at rows 0..N-2 (-1: not computed)
+    top_logits: np.ndarray  # (N-1, K) float32
+    kind: str = ""
+
+
+class _Live:
+    def __init__(self, kind: str, prompt: list[int], cache, greedy: bool, max_new: int, rng):
+        self.kind = kind
+        self.tokens = list(prompt)
+        self.n_prompt = len(prompt)
+        self.cache = cache
+        self.greedy = greedy
+        self.max_new = max_new
+        self.rng = rng
+        self.hidden: list[np.ndarray] = []
+        self.tops: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.fed = 0  # tokens already in the cache
+
+    def finish(self, E: int) -> Sequence:
+        n = len(self.tokens)
+        hid = np.concatenate(self.hidden, axis=0)[: n - 1].astype(np.float16)
+        ids = np.full((n - 1, TOP_K), -1, np.int32)
+        lg = np.zeros((n - 1, TOP_K), np.float32)
+        for row, (i, v) in self.tops.items():
+            if row < n - 1:
+                ids[row], lg[row] = i, v
+        return Sequence(np.asarray(self.tokens, np.int32), hid, ids, lg, self.kind)
+
+
+def _top(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.argpartition(-row, TOP_K)[:TOP_K]
+    idx = idx[np.argsort(-row[idx], kind="stable")]
+    return idx.astype(np.int32), row[idx].astype(np.float32)
+
+
+def _sample(row: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    top = np.argpartition(-row, 50)[:50]  # top-50 sampling: varied but on-distribution text
+    z = row[top].astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    return int(top[rng.choice(len(top), p=p / p.sum())])
+
+
+def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, max_new: int = 160,
+             sample_every: int = 2, temperature: float = 0.8, eog: set[int] = frozenset(), seed: int = 0,
+             log: Callable[[str], None] = print, time_budget_s: float | None = None) -> list[Sequence]:
+    """Let the target answer every prompt; one window decodes all live sequences together.
+
+    Every `sample_every`-th prompt is sampled (temperature, top-50), the rest greedy: greedy
+    text is what greedy acceptance is measured on, sampled text adds variety.
+    """
+    rng = np.random.default_rng(seed)
+    E = model.cfg.n_embd
+    queue = list(enumerate(prompts))
+    live: list[_Live] = []
+    done: list[Sequence] = []
+    caches = [model.new_cache(4096, "f16") for _ in range(slots)]
+    t0 = time.perf_counter()
+    n_tok, last_log = 0, t0
+    while queue or live:
+        out_of_time = time_budget_s is not None and time.perf_counter() - t0 > time_budget_s
+        while queue and len(live) < slots and not out_of_time:
+            i, (kind, ids) = queue.pop(0)
+            used = {id(s.cache) for s in live}
+            cache = next(c for c in caches if id(c) not in used)
+            cache.length = 0
+            greedy = sample_every <= 0 or i % sample_every != 1
+            live.append(_Live(kind, ids, cache, greedy, max_new, np.random.default_rng([seed, i])))
+        if not live:
+            break
+        spans, toks = [], []
+        for s in live:
+            new = s.tokens[s.fed :]
+            spans.append(Span(s.cache, s.fed, len(new)))
+            toks.extend(new)
+        hidden = model.forward(np.asarray(toks, np.int64), spans)
+        last_rows = np.cumsum([sp.count for sp in spans]) - 1
+        logits = model.b.to_host(model.logits(hidden[model.b.xp.asarray(last_rows)]))
+        hidden = model.b.to_host(hidden)
+        off = 0
+        keep = []
+        for s, sp, row in zip(live, spans, logits):
+            s.hidden.append(np.asarray(hidden[off : off + sp.count], np.float32))
+            off += sp.count
+            s.fed += sp.count
+            s.tops[s.fed - 1] = _top(row)
+            nxt = int(np.argmax(row)) if s.greedy else _sample(row, temperature, s.rng)
+            s.tokens.append(nxt)
+            n_tok += 1
+            if nxt in eog or len(s.tokens) - s.n_prompt >= s.max_new or out_of_time:
+                done.append(s.finish(E))
+            else:
+                keep.append(s)
+        live = keep
+        now = time.perf_counter()
+        if now - last_log > 20:
+            last_log = now
+            log(f"strata mtp train: data: {len(done)}/{len(prompts)} answers, {n_tok} tokens generated, "
+                f"{n_tok / (now - t0):.0f} tok/s")
+    return done
+
+
+def prefill_text(model, token_lists: list[list[int]], *, piece: int = 256, batch: int = 8,
+                 log: Callable[[str], None] = print) -> list[Sequence]:
+    """User text: pieces of `piece` tokens, prefilled `batch` at a time, logits for every row."""
+    pieces = [t[i : i + piece] for t in token_lists for i in range(0, max(1, len(t) - 1), piece)]
+    pieces = [p for p in pieces if len(p) >= 8]
+    caches = [model.new_cache(piece, "f16") for _ in range(batch)]
+    out: list[Sequence] = []
+    t0 = time.perf_counter()
+    for a in range(0, len(pieces), batch):
+        group = pieces[a : a + batch]
+        spans = []
+        for c, p in zip(caches, group):
+            c.length = 0
+            spans.append(Span(c, 0, len(p)))
+        hidden = model.forward(np.concatenate([np.asarray(p, np.int64) for p in group]), spans)
+        logits = model.b.to_host(model.logits(hidden))
+        hidden = model.b.to_host(hidden)
+        off = 0
+        for p in group:
+            n = len(p)
+            lg = logits[off : off + n - 1]
+            idx = np.argpartition(-lg, TOP_K, axis=1)[:, :TOP_K]
+            vals = np.take_along_axis(lg, idx, axis=1)
+            order = np.argsort(-vals, axis=1, kind="stable")
+            out.append(Sequence(np.asarray(p, np.int32), hidden[off : off + n - 1].astype(np.float16),
+                                np.take_along_axis(idx, order, 1).astype(np.int32),
+                                np.take_along_axis(vals, order, 1).astype(np.float32), "text"))
+            off += n
+        log(f"strata mtp train: data: {min(a + batch, len(pieces))}/{len(pieces)} text pieces prefilled "
+            f"({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def save_sequences(path, seqs: list[Sequence]) -> None:
+    """One .npz holding every sequence (concatenated, with lengths), so data is collected once."""
+    lens = np.asarray([len(s.tokens) for s in seqs], np.int64)
+    np.savez(path, lens=lens, kinds=np.asarray([s.kind for s in seqs]),
+             tokens=np.concatenate([s.tokens for s in seqs]), hidden=np.concatenate([s.hidden for s in seqs]),
+             top_ids=np.concatenate([s.top_ids for s in seqs]), top_logits=np.concatenate([s.top_logits for s in seqs]))
+
+
+def load_sequences(path) -> list[Sequence]:
+    z = np.load(path)
+    out, a, b = [], 0, 0
+    for n, kind in zip(z["lens"], z["kinds"]):
+        n = int(n)
+        out.append(Sequence(z["tokens"][a : a + n], z["hidden"][b : b + n - 1], z["top_ids"][b : b + n - 1],
+                            z["top_logits"][b : b + n - 1], str(kind)))
+        a += n
+        b += n - 1
+    return out

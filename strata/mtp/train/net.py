@@ -1,0 +1,154 @@
+"""The draft in PyTorch (training only; serving never imports torch).
+
+Mirrors strata.mtp.draft.DraftModel.step and strata.model.transformer.BlockRunner.block op for
+op (RMSNorm, fused SwiGLU FFN, GQA attention, RoPE in the target's pair convention), so the
+weights exported from here compute the same function in the engine.
+
+Two passes per batch:
+- pass 1: entry for x_p reads the target's true hidden h_{p-1} (what catch-up feeds the draft);
+- pass 2: entry for x_{p+1} reads the draft's own normed output of pass 1 at entry p, and
+  attends to the pass-1 keys of earlier entries plus its own key: exactly what the second
+  drafted token sees at serving time (a cache of true entries + one speculative entry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+BLOCK_ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+               "ffn_down", "attn_q_norm", "attn_k_norm")
+
+
+@dataclass
+class Dims:
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rope_base: float
+    rope_dim: int
+    rope_scale: float
+    rope_neox: bool
+    rms_eps: float
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_tables(dims: Dims, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    half = dims.rope_dim // 2
+    inv = dims.rope_base ** (-np.arange(0, half, dtype=np.float64) * 2.0 / dims.rope_dim)
+    ang = (np.arange(n, dtype=np.float64)[:, None] / dims.rope_scale) * inv[None, :]
+    return torch.from_numpy(np.cos(ang).astype(np.float32)), torch.from_numpy(np.sin(ang).astype(np.float32))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """x (B, T, H, D); cos/sin (T, D/2) for the rows' positions."""
+    d = dims.rope_dim
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if dims.rope_neox:
+        a, b = x[..., : d // 2], x[..., d // 2 : d]
+        return torch.cat([a * c - b * s, a * s + b * c, x[..., d:]], dim=-1)
+    a, b = x[..., 0:d:2], x[..., 1:d:2]
+    rot = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    return torch.cat([rot, x[..., d:]], dim=-1)
+
+
+class DraftNet(torch.nn.Module):
+    """Trainable draft weights + the frozen shared embedding/head of the target."""
+
+    def __init__(self, dims: Dims, weights: dict[str, np.ndarray], embed: np.ndarray, head: np.ndarray):
+        super().__init__()
+        self.dims = dims
+        self.p = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(torch.from_numpy(
+            np.ascontiguousarray(v, np.float32))) for k, v in weights.items()})
+        self.embed = torch.from_numpy(embed)  # frozen (vocab, E)
+        self.head = torch.from_numpy(head)  # frozen (vocab, E), may be the same array
+
+    def w(self, role: str) -> torch.Tensor | None:
+        return self.p[role] if role in self.p else None
+
+    # ---- the block ------------------------------------------------------------------------------
+    def _qkv(self, x: torch.Tensor, cos, sin):
+        d = self.dims
+        B, T, _ = x.shape
+        h = rms_norm(x, self.p["attn_norm"], d.rms_eps)
+        q = (h @ self.p["attn_q"].T).view(B, T, d.n_head, d.head_dim)
+        k = (h @ self.p["attn_k"].T).view(B, T, d.n_head_kv, d.head_dim)
+        v = (h @ self.p["attn_v"].T).view(B, T, d.n_head_kv, d.head_dim)
+        if "attn_q_norm" in self.p:
+            q = rms_norm(q, self.p["attn_q_norm"], d.rms_eps)
+            k = rms_norm(k, self.p["attn_k_norm"], d.rms_eps)
+        q = apply_rope(q, cos, sin, d)
+        k = apply_rope(k, cos, sin, d)
+        g = d.n_head // d.n_head_kv  # query head i uses kv head i // g (as the engine groups them)
+        return (q.transpose(1, 2), k.repeat_interleave(g, dim=2).transpose(1, 2),
+                v.repeat_interleave(g, dim=2).transpose(1, 2))  # (B, H, T, D)
+
+    def _finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        B, H, T, D = att.shape
+        x = x + att.transpose(1, 2).reshape(B, T, H * D) @ self.p["attn_output"].T
+        h = rms_norm(x, self.p["ffn_norm"], d.rms_eps)
+        y = (F.silu(h @ self.p["ffn_gate"].T) * (h @ self.p["ffn_up"].T)) @ self.p["ffn_down"].T
+        return x + y
+
+    def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        e = rms_norm(self.embed[tokens], self.p["enorm"], d.rms_eps)
+        h = rms_norm(hidden, self.p["hnorm"], d.rms_eps)
+        return torch.cat([e, h], dim=-1) @ self.p["eh_proj"].T
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, two_pass: bool = True):
+        """tokens (B, T+1) x_0..x_T, hidden (B, T, E) h_0..h_{T-1} (float32).
+
+        Returns normed draft outputs: pass 1 (B, T, E) for entries x_1..x_T (entry p at index
+        p-1) and pass 2 (B, T-1, E) for entries x_2..x_T fed pass-1 outputs (or None).
+        """
+        d = self.dims
+        T = hidden.shape[1]
+        cos, sin = rope_tables(d, T)
+        x = self._inputs(tokens[:, 1:], hidden)
+        q, k, v = self._qkv(x, cos, sin)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        g1 = rms_norm(self._finish(x, att), self.p["output_norm"], d.rms_eps)
+        if not two_pass or T < 2:
+            return g1, None
+        # pass 2: entry for x_{p+1} (index p) reads g1 of entry p (index p-1)
+        x2 = self._inputs(tokens[:, 2:], g1[:, :-1])
+        q2, k2, v2 = self._qkv(x2, cos[1:], sin[1:])
+        scale = 1.0 / float(d.head_dim) ** 0.5
+        s_prev = (q2 @ k[:, :, : T - 1].transpose(-1, -2)) * scale  # (B, H, T-1, T-1) over indices 0..T-2
+        # row i (index i+1) may see pass-1 keys of indices 0..i (its earlier, true entries)
+        mask = torch.ones(T - 1, T - 1, dtype=torch.bool).tril()
+        s_prev = s_prev.masked_fill(~mask, float("-inf"))
+        s_self = (q2 * k2).sum(-1, keepdim=True) * scale
+        p = torch.softmax(torch.cat([s_prev, s_self], dim=-1), dim=-1)
+        att2 = p[..., :-1] @ v[:, :, : T - 1] + p[..., -1:] * v2
+        g2 = rms_norm(self._finish(x2, att2), self.p["output_norm"], d.rms_eps)
+        return g1, g2
+
+
+def candidate_loss(net: DraftNet, g: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor,
+                   negatives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy against the target's next-token distribution, over a candidate set.
+
+    g (n, E) draft outputs; top_ids/top_logits (n, K) the target's top-K; negatives (M,) shared
+    sampled ids (masked where they repeat a row's own top-K). Returns (loss, top-1 agreement).
+    The full 49k-row head would cost more than the block itself on a CPU; the target's top-K
+    carry nearly all of its mass and the negatives keep the rest of the vocabulary down.
+    """
+    own = torch.einsum("ne,nke->nk", g, net.head[top_ids])
+    neg = g @ net.head[negatives].T
+    dup = (negatives[None, None, :] == top_ids[:, :, None]).any(1)
+    neg = neg.masked_fill(dup, float("-inf"))
+    logq = torch.log_softmax(torch.cat([own, neg], dim=1), dim=1)[:, : top_ids.shape[1]]
+    p = torch.softmax(top_logits, dim=1)
+    loss = -(p * logq).sum(1).mean()
+    agree = (own.argmax(1) == 0) & (own.max(1).values >= neg.max(1).values)
+    return loss, agree.float().mean()

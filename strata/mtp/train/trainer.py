@@ -1,0 +1,331 @@
+"""`strata mtp train`: self-distil an MTP draft for a pack that ships without one.
+
+Steps: load the target with Strata's own engine; collect its tokens/hiddens/logits (text it
+writes itself from varied prompts, or text given with --data); initialise the draft block
+from the target's last layer; train it in PyTorch against the target's next-next-token
+distribution (shared embedding and head frozen); export GGUF; measure acceptance with the
+real engine. PyTorch is imported here only (the optional `train` extra).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from strata.errors import StrataError
+from strata.mtp.train.collect import Sequence, generate, prefill_text
+from strata.mtp.train.export import write_draft
+from strata.mtp.train.prompts import held_out, training_prompts
+
+
+@dataclass
+class TrainConfig:
+    pack: str | None
+    out: str
+    steps: int = 300
+    data: list[str] = field(default_factory=list)
+    device: str = "cpu"  # torch device for training (the target always runs on Strata's CPU backend here)
+    prompts: int = 200
+    max_new: int = 160
+    slots: int = 16
+    batch_tokens: int = 2048
+    lr: float = 1e-3
+    two_pass: bool = True
+    data_budget_s: float | None = None
+    eval_every: int = 50
+    measure: bool = True  # acceptance with the real engine at the end
+    held_out_per_kind: int | None = None  # held-out prompts per kind (None: all of them)
+    data_cache: str | None = None  # .npz prefix: reuse collected data if present, else save it there
+    seed: int = 0
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise StrataError("strata mtp train needs PyTorch: pip install 'strata[train]' (torch is not installed)") from None
+    return torch
+
+
+def load_target(pack: str | None, log: Callable[[str], None]):
+    from strata.engine.core import EngineCore
+    from strata.engine.options import parse_engine_args
+
+    args = ["--device", "cpu"] + (["--pack", str(pack)] if pack else [])
+    return EngineCore.load(parse_engine_args(args, serving=False), log=lambda s: None)
+
+
+def initial_weights(core) -> dict[str, np.ndarray]:
+    """The target's last block (dequantized) + eh_proj that passes hnorm(h) through.
+
+    With eh_proj = [0.1 I | I] the draft starts as "the last layer applied to the hidden
+    state, nudged by the next token's embedding": a working model from step 0.
+    """
+    from strata.backend.cpu import dequantize_source
+
+    cfg = core.cfg
+    last = f"blk.{cfg.n_layer - 1}."
+    roles = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+    if cfg.traits.qk_norm:
+        roles += ["attn_q_norm", "attn_k_norm"]
+    if cfg.traits.moe or core.pack.tensors.get(last + "ffn_gate.weight") is None:
+        raise StrataError(f"strata mtp train: {cfg.arch} packs with routed experts are not supported yet "
+                          f"(the draft block is a dense FFN initialised from the last layer)")
+    w = {r: dequantize_source(core.pack.tensors[last + r + ".weight"]).astype(np.float32) for r in roles}
+    E = cfg.n_embd
+    eye = np.eye(E, dtype=np.float32)
+    w_out = np.asarray(core.backend.to_host(core.model.output_norm), np.float32)
+    w["eh_proj"] = np.concatenate([0.1 * eye, eye], axis=1)  # (E, 2E): [embedding part | hidden part]
+    w["enorm"] = np.ones(E, np.float32)
+    w["hnorm"] = _unnorm_gain(core, w_out)
+    w["output_norm"] = w_out.copy()
+    return w
+
+
+def _unnorm_gain(core, w_out: np.ndarray) -> np.ndarray:
+    """hnorm gain that maps rmsnorm(h) back to the scale of the residual stream it came from.
+
+    h = rmsnorm(r) * w_out, so r ~ rmsnorm(h) * rms(h) * rms(r) / w_out. The last layer's
+    weights expect r's scale; feeding them unit-RMS inputs would make the block's own updates
+    swamp its input. rms(r) and rms(h) come from one short forward of the target.
+    """
+    from strata.model.transformer import Span, positions_of
+
+    m, b = core.model, core.backend
+    toks = np.asarray(core.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4, add_special=True))
+    cache = m.new_cache(len(toks), "f16")
+    span = Span(cache, 0, len(toks))
+    cache.ensure(len(toks))
+    x = b.embed(m.embd, toks)
+    pos = positions_of(b.xp, [span])
+    for i, bw in enumerate(m.blocks):
+        x = m.runner.block(bw, i, x, [span], pos)
+    r = np.asarray(b.to_host(x), np.float64)
+    h = np.asarray(b.to_host(b.rms_norm(x, m.output_norm, core.cfg.rms_eps)), np.float64)
+    rms = lambda a: float(np.sqrt((a * a).mean(-1)).mean())  # noqa: E731
+    floor = 0.05 * float(np.abs(w_out).mean())  # tiny output-norm gains would blow up
+    safe = np.where(np.abs(w_out) < floor, np.copysign(floor, w_out + 1e-30), w_out)
+    return (rms(h) * rms(r) / safe).astype(np.float32)
+
+
+def collect_data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequence]]:
+    eog = set(getattr(core.tokenizer, "eog_ids", set()) or set())
+    t0 = time.perf_counter()
+    held = [(k, _chat(core, t)) for k, t in held_out(per_kind=cfg.held_out_per_kind)]
+    if cfg.data:
+        texts = []
+        for f in cfg.data:
+            p = Path(f)
+            if not p.is_file():
+                raise StrataError(f"--data {f}: no such file")
+            texts.append(core.tokenizer.encode(p.read_text(encoding="utf-8", errors="replace"), add_special=True))
+        train = prefill_text(core.model, texts, log=log)
+    else:
+        prompts = [(k, _chat(core, t)) for k, t in training_prompts(cfg.prompts)]
+        train = generate(core.model, prompts, slots=cfg.slots, max_new=cfg.max_new, eog=eog, seed=cfg.seed,
+                         log=log, time_budget_s=cfg.data_budget_s)
+    # held-out prompts: greedy answers, teacher-forced acceptance while training
+    val = generate(core.model, held, slots=cfg.slots, max_new=min(cfg.max_new, 96), sample_every=0, eog=eog,
+                   log=log, seed=cfg.seed + 1)
+    n = sum(int((s.top_ids[:, 0] >= 0).sum()) for s in train)
+    log(f"strata mtp train: data: {len(train)} sequences, {n} target rows for training, "
+        f"{len(val)} held-out answers ({time.perf_counter() - t0:.0f} s)")
+    if not train:
+        raise StrataError("strata mtp train: no training text (is --data empty?)")
+    return train, val
+
+
+def _data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequence]]:
+    from strata.mtp.train.collect import load_sequences, save_sequences
+
+    if cfg.data_cache:
+        tr, va = Path(cfg.data_cache + ".train.npz"), Path(cfg.data_cache + ".val.npz")
+        if tr.is_file() and va.is_file():
+            train_seqs, val_seqs = load_sequences(tr), load_sequences(va)
+            log(f"strata mtp train: data: {len(train_seqs)} sequences from {tr}, {len(val_seqs)} held-out from {va}")
+            return train_seqs, val_seqs
+    train_seqs, val_seqs = collect_data(core, cfg, log)
+    if cfg.data_cache:
+        save_sequences(tr, train_seqs)
+        save_sequences(va, val_seqs)
+    return train_seqs, val_seqs
+
+
+def _chat(core, text: str) -> list[int]:
+    return core.tokenizer.encode(core.chat.render([{"role": "user", "content": text}]), add_special=True)
+
+
+class Batches:
+    """Length-bucketed batches of about `batch_tokens` tokens (little padding), reshuffled per epoch."""
+
+    def __init__(self, seqs: list[Sequence], batch_tokens: int, rng: np.random.Generator):
+        self.seqs = sorted(seqs, key=lambda s: len(s.tokens))
+        self.rng = rng
+        self.groups: list[list[int]] = []
+        cur: list[int] = []
+        for i, s in enumerate(self.seqs):
+            if cur and (len(cur) + 1) * len(s.tokens) > batch_tokens:
+                self.groups.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            self.groups.append(cur)
+
+    def __iter__(self):
+        while True:
+            for g in self.rng.permutation(len(self.groups)):
+                yield self.tensors([self.seqs[i] for i in self.groups[g]])
+
+    @staticmethod
+    def tensors(seqs: list[Sequence]):
+        import torch
+
+        N = max(len(s.tokens) for s in seqs)
+        B, E, K = len(seqs), seqs[0].hidden.shape[1], seqs[0].top_ids.shape[1]
+        tokens = np.zeros((B, N), np.int64)
+        hidden = np.zeros((B, N - 1, E), np.float32)
+        top_ids = np.full((B, N - 1, K), -1, np.int64)
+        top_lg = np.zeros((B, N - 1, K), np.float32)
+        for b, s in enumerate(seqs):
+            n = len(s.tokens)
+            tokens[b, :n] = s.tokens
+            hidden[b, : n - 1] = s.hidden
+            top_ids[b, : n - 1] = s.top_ids
+            top_lg[b, : n - 1] = s.top_logits
+        return (torch.from_numpy(tokens), torch.from_numpy(hidden), torch.from_numpy(top_ids),
+                torch.from_numpy(top_lg))
+
+
+def _targets(top_ids, top_lg, first_row: int, count: int):
+    """Rows [first_row, first_row + count) of the target's top-K, flattened, with a validity mask."""
+    ids = top_ids[:, first_row : first_row + count]
+    lg = top_lg[:, first_row : first_row + count]
+    return ids, lg, ids[..., 0] >= 0
+
+
+def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 512, two_pass: bool = True):
+    """Pass 1: entry x_p (index p-1) targets row p; pass 2: entry x_{p+1} (index p) targets row p+1."""
+    import torch
+
+    from strata.mtp.train.net import candidate_loss
+
+    tokens, hidden, top_ids, top_lg = batch
+    T = hidden.shape[1]
+    g1, g2 = net(tokens, hidden, two_pass=two_pass)
+    vocab = net.head.shape[0]
+    pool = top_ids[top_ids >= 0].unique()
+    neg = torch.from_numpy(np.concatenate([
+        rng.choice(pool.numpy(), size=min(n_neg // 2, len(pool)), replace=False),
+        rng.integers(0, vocab, size=n_neg // 2)]).astype(np.int64)).unique()
+    out = {}
+    total = 0.0
+    # pass 1: g1[:, j] is entry x_{j+1}; its target is row j+1 (rows 1..T-1 exist)
+    ids, lg, ok = _targets(top_ids, top_lg, 1, T - 1)
+    loss1, agree1 = candidate_loss(net, g1[:, : T - 1][ok], ids[ok], lg[ok], neg)
+    total = loss1
+    out["loss1"], out["agree1"] = float(loss1.detach()), float(agree1)
+    if g2 is not None and T > 2:
+        # g2[:, i] is entry x_{i+2}; its target is row i+2 (rows 2..T-1)
+        ids, lg, ok = _targets(top_ids, top_lg, 2, T - 2)
+        loss2, agree2 = candidate_loss(net, g2[:, : T - 2][ok], ids[ok], lg[ok], neg)
+        total = total + 0.5 * loss2
+        out["loss2"], out["agree2"] = float(loss2.detach()), float(agree2)
+    return total, out
+
+
+def teacher_forced_acceptance(net, seqs: list[Sequence]) -> tuple[float, float]:
+    """Greedy acceptance on held-out answers with the full head: P(d1 ok), P(d2 ok | d1 ok)."""
+    import torch
+
+    hit1 = n1 = hit2 = n2 = 0
+    with torch.no_grad():
+        for s in seqs:
+            tokens, hidden, top_ids, _ = Batches.tensors([s])
+            T = hidden.shape[1]
+            if T < 3:
+                continue
+            g1, g2 = net(tokens, hidden, two_pass=True)
+            a1 = (g1[0, : T - 1] @ net.head.T).argmax(-1) == top_ids[0, 1:T, 0]
+            a2 = (g2[0, : T - 2] @ net.head.T).argmax(-1) == top_ids[0, 2:T, 0]
+            valid1 = top_ids[0, 1:T, 0] >= 0
+            valid2 = (top_ids[0, 2:T, 0] >= 0) & a1[: T - 2] & valid1[: T - 2]
+            hit1 += int((a1 & valid1).sum())
+            n1 += int(valid1.sum())
+            hit2 += int((a2 & valid2).sum())
+            n2 += int(valid2.sum())
+    return hit1 / max(n1, 1), hit2 / max(n2, 1)
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
+    torch = _torch()
+    from strata.mtp.train.net import DraftNet, Dims
+
+    torch.manual_seed(cfg.seed)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise StrataError("--device cuda: PyTorch sees no CUDA device")
+    t_start = time.perf_counter()
+    core = load_target(cfg.pack, log)
+    mc = core.cfg
+    log(f"strata mtp train: target {mc.name} ({mc.arch}, {mc.n_layer} layers, n_embd {mc.n_embd}, vocab {core.model.n_vocab})")
+    train_seqs, val_seqs = _data(core, cfg, log)
+    t_data = time.perf_counter() - t_start
+
+    dims = Dims(mc.n_embd, mc.n_head, mc.n_head_kv, mc.head_dim, mc.rope_base, mc.rope_dim, mc.rope_scale,
+                mc.traits.rope_neox, mc.rms_eps)
+    b = core.backend
+    embed = np.asarray(b.to_host(core.model.embd), np.float32)
+    head_w = core.model.output.w if hasattr(core.model.output, "w") else None
+    head = embed if head_w is None or head_w is embed else np.asarray(head_w, np.float32)
+    net = DraftNet(dims, initial_weights(core), embed, head).to(cfg.device)
+    net.embed, net.head = net.embed.to(cfg.device), net.head.to(cfg.device)
+    p1, p2 = teacher_forced_acceptance(net, val_seqs)
+    log(f"strata mtp train: step 0: held-out acceptance (teacher-forced, greedy) pos1 {p1:.3f}, pos2|pos1 {p2:.3f}")
+
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warm = max(1, min(20, cfg.steps // 10))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))))
+    rng = np.random.default_rng(cfg.seed)
+    batches = iter(Batches(train_seqs, cfg.batch_tokens, rng))
+    t_train = time.perf_counter()
+    run: dict[str, float] = {}
+    for step in range(1, cfg.steps + 1):
+        batch = [t.to(cfg.device) for t in next(batches)]
+        loss, stats = batch_loss(net, batch, rng, two_pass=cfg.two_pass)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        for k, v in stats.items():
+            run[k] = 0.9 * run.get(k, v) + 0.1 * v
+        if step % 10 == 0 or step == cfg.steps:
+            el = time.perf_counter() - t_train
+            log(f"strata mtp train: step {step}/{cfg.steps}: " + ", ".join(f"{k} {v:.3f}" for k, v in run.items())
+                + f" ({el:.0f} s, {el / step:.2f} s/step)")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            p1, p2 = teacher_forced_acceptance(net, val_seqs)
+            log(f"strata mtp train: step {step}: held-out acceptance (teacher-forced, greedy) pos1 {p1:.3f}, pos2|pos1 {p2:.3f}")
+    t_fit = time.perf_counter() - t_train
+
+    weights = {k: v.detach().cpu().numpy() for k, v in net.p.items()}
+    how = (f"self-distilled: {len(train_seqs)} sequences ({'--data' if cfg.data else 'target-generated'}), "
+           f"{cfg.steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s")
+    out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
+                      name=f"{mc.name} MTP draft", extra_metadata={"training": how})
+    log(f"strata mtp train: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {how}")
+    if cfg.measure:
+        from strata.mtp.train.measure import load_core, run_prompts
+
+        eng = load_core(cfg.pack, str(out), 3)
+        prompts = [_chat(eng, t) for _, t in held_out(per_kind=1)]
+        acc = run_prompts(eng, prompts, 48)
+        per = ", ".join(f"{r:.2f}" for r in acc.per_pos())
+        log(f"strata mtp train: engine check (--spec 3, greedy, {len(prompts)} held-out prompts): acceptance "
+            f"{acc.rate:.3f}, per position [{per}], {acc.tokens_per_window:.2f} tokens per window")
+    return out
