@@ -204,23 +204,17 @@ class Scheduler:
         if not busy:
             return
         entries: list[_Entry] = []
+        decoding = []
         for s in busy:
             if s.prefilling:
                 continue
             if s.cache.length + 1 > self.cfg.max_ctx:
                 self._finish(s, "length")
                 continue
-            drafts, q = [], []
-            ok, reason = self._mtp_allowed(s, len(busy))
-            if ok:
-                try:
-                    self.faults.check("mtp-draft", s.index)
-                    drafts, q = self._propose(s)
-                except Exception as e:
-                    self._mtp_fail(s, "draft", e)
-                    drafts, q = [], []
-            elif reason is not None:
-                self.fallbacks[reason] += 1
+            decoding.append(s)
+        proposals = self._proposals(decoding, len(busy))
+        for s in decoding:
+            drafts, q = proposals.get(s.index, ([], []))
             entries.append(_Entry(s, [s.pending] + drafts, "decode", drafts, q))
         budget = self.cfg.prefill_chunk
         for s in busy:
@@ -294,14 +288,40 @@ class Scheduler:
         s.pending = verdict.tokens[-1]
         return verdict.accepted + 1
 
-    def _propose(self, s: Slot) -> tuple[list[int], list[Any]]:
-        params = s.handle.request.params
-        room = self.cfg.max_ctx - s.cache.length - 1
-        left = params.max_tokens - s.n_generated - 1
-        k = min(self.cfg.spec, room, left)
-        if k <= 0:
-            return [], []
-        return self.proposer.propose(s, k, params)
+    def _proposals(self, slots: list[Slot], n_busy: int) -> dict[int, tuple[list[int], list[Any]]]:
+        """Drafts for every slot allowed MTP in this window (batched over slots when possible)."""
+        work = []
+        for s in slots:
+            ok, reason = self._mtp_allowed(s, n_busy)
+            if not ok:
+                if reason is not None:
+                    self.fallbacks[reason] += 1
+                continue
+            params = s.handle.request.params
+            k = min(self.cfg.spec, self.cfg.max_ctx - s.cache.length - 1, params.max_tokens - s.n_generated - 1)
+            if k <= 0:
+                continue
+            try:
+                self.faults.check("mtp-draft", s.index)
+            except Exception as e:
+                self._mtp_fail(s, "draft", e)
+                continue
+            work.append((s, k, params))
+        if not work:
+            return {}
+        many = getattr(self.proposer, "propose_many", None)
+        if many is not None and len(work) > 1:
+            try:
+                return {s.index: r for (s, _, _), r in zip(work, many(work))}
+            except Exception:
+                pass  # find the failing slot below, one at a time
+        out = {}
+        for s, k, params in work:
+            try:
+                out[s.index] = self.proposer.propose(s, k, params)
+            except Exception as e:
+                self._mtp_fail(s, "draft", e)
+        return out
 
     # ---- output ---------------------------------------------------------------------------------
     def _emit(self, s: Slot, tok: int, logits_row: np.ndarray) -> bool:

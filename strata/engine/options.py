@@ -95,6 +95,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
         g.add_argument("--port", type=_non_negative_int, default=8080)
         g.add_argument("--alias", "--model-name", dest="alias", default=None, help="model name served on /v1/models")
         g.add_argument("--api-key", default=None, help="require this bearer key")
+        g.add_argument("--max-queued", type=_non_negative_int, default=64,
+                       help="requests that may wait for a slot; more get HTTP 429")
 
 
 @dataclass
@@ -120,6 +122,7 @@ class EngineOptions:
     port: int = 8080
     alias: str | None = None
     api_key: str | None = None
+    max_queued: int = 64
     given_flags: tuple[str, ...] = ()
 
     @classmethod

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+
+import numpy as np
 from pathlib import Path
 from typing import Any
 
@@ -109,21 +111,42 @@ class DraftModel:
         c = self.cfg
         return KVCache(self.b.xp, 1, c.n_head_kv, c.head_dim, max_ctx, kind)
 
-    def step(self, cache: KVCache, tokens: Any, hidden: Any):
-        """Append draft entries for `tokens` (m,) with main hiddens `hidden` (m, E) (h_{p-1} per x_p).
+    def _run(self, items: list[tuple[KVCache, Any, Any]]) -> Any:
+        """One draft forward over several slots: items are (cache, tokens (m,), main hiddens (m, E)).
 
-        Returns (draft hidden (m, E), logits (m, vocab)).
+        Each item is a span appended to its own cache; returns the block output rows (pre-norm).
         """
         b, c, xp = self.b, self.cfg, self.b.xp
+        tokens = np.concatenate([np.asarray(t, dtype=np.int64).reshape(-1) for _, t, _ in items])
+        hidden = items[0][2] if len(items) == 1 else xp.concatenate([h for _, _, h in items], axis=0)
         e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
         h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
         x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
-        span = Span(cache, cache.length, int(x.shape[0]))
-        cache.ensure(span.start + span.count)
-        out = self.runner.block(self.block, 0, x, [span], positions_of(xp, [span]))
-        cache.length = span.start + span.count
-        normed = b.rms_norm(out, self.output_norm, c.rms_eps)
+        spans = [Span(cache, cache.length, int(np.asarray(t).size)) for cache, t, _ in items]
+        for sp in spans:
+            sp.cache.ensure(sp.start + sp.count)
+        out = self.runner.block(self.block, 0, x, spans, positions_of(xp, spans))
+        for sp in spans:
+            sp.cache.length = sp.start + sp.count
+        return out
+
+    def step(self, cache: KVCache, tokens: Any, hidden: Any):
+        """Append draft entries for `tokens` (m,) with main hiddens `hidden` (m, E) (h_{p-1} per x_p).
+
+        Returns (draft hidden (m, E), logits (m, vocab)) for every row.
+        """
+        normed = self.b.rms_norm(self._run([(cache, tokens, hidden)]), self.output_norm, self.cfg.rms_eps)
         return normed, self.target.logits(normed)
+
+    def step_last(self, items: list[tuple[KVCache, Any, Any]]):
+        """Like step, batched over slots, but only each item's last row goes through the head.
+
+        Returns (draft hiddens (n_items, E), host logits (n_items, vocab)).
+        """
+        out = self._run(items)
+        ends = np.cumsum([int(np.asarray(t).size) for _, t, _ in items]) - 1
+        normed = self.b.rms_norm(out[self.b.xp.asarray(ends)], self.output_norm, self.cfg.rms_eps)
+        return normed, self.b.to_host(self.target.logits(normed))
 
     def state_bytes(self, max_ctx: int, kind: str) -> int:
         """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""

@@ -45,31 +45,46 @@ class DraftProposer:
         return s.draft_cache.length if s.draft_cache is not None else 0
 
     def propose(self, s: Slot, k: int, params: SamplingParams) -> tuple[list[int], list[Any]]:
-        d = self.draft
-        b = d.b
-        xp = b.xp
-        greedy = is_greedy(params)
+        return self.propose_many([(s, k, params)])[0]
+
+    def propose_many(self, work: list[tuple[Slot, int, SamplingParams]]) -> list[tuple[list[int], list[Any]]]:
+        """Draft for several slots at once: every draft step is one batched forward over them."""
+        d, xp = self.draft, self.draft.b.xp
         # catch-up: entries for x_{C+1}..x_M with the main model's hiddens h_C..h_{M-1}
-        toks = s.tokens_pending + [s.pending]
-        hid = xp.concatenate(s.hidden_pending, axis=0) if len(s.hidden_pending) > 1 else s.hidden_pending[0]
-        committed = s.draft_cache.length + len(toks)
-        for a in range(0, len(toks), self.chunk):
-            g, lg = d.step(s.draft_cache, np.asarray(toks[a : a + self.chunk]), hid[a : a + self.chunk])
-        s.hidden_pending, s.tokens_pending = [], []
-        drafts: list[int] = []
-        qs: list[Any] = []
-        g, row = g[-1:], b.to_host(lg[-1])
-        while top_probability(row) >= self.min_p:
-            if greedy:
-                tok, qd = int(np.argmax(row)), None
-            else:
-                qd = distribution(row, params)
-                tok = sample_from(qd, s.rng)
-            drafts.append(tok)
-            qs.append(qd)
-            if len(drafts) >= k:
+        items = []
+        for s, _, _ in work:
+            toks = s.tokens_pending + [s.pending]
+            hid = xp.concatenate(s.hidden_pending, axis=0) if len(s.hidden_pending) > 1 else s.hidden_pending[0]
+            while len(toks) > self.chunk:  # long histories (MTP was off for a while) go first, alone
+                d.step_last([(s.draft_cache, toks[: self.chunk], hid[: self.chunk])])
+                toks, hid = toks[self.chunk :], hid[self.chunk :]
+            items.append((s.draft_cache, toks, hid))
+            s.hidden_pending, s.tokens_pending = [], []
+        g, rows = d.step_last(items)
+        committed = [s.draft_cache.length for s, _, _ in work]
+        out: list[tuple[list[int], list[Any]]] = [([], []) for _ in work]
+        live = list(range(len(work)))
+        while live:
+            nxt_items, nxt_live, nxt_g = [], [], []
+            for pos, i in enumerate(live):
+                s, k, params = work[i]
+                row = rows[pos]
+                if top_probability(row) < self.min_p:
+                    continue
+                if is_greedy(params):
+                    tok, qd = int(np.argmax(row)), None
+                else:
+                    qd = distribution(row, params)
+                    tok = sample_from(qd, s.rng)
+                out[i][0].append(tok)
+                out[i][1].append(qd)
+                if len(out[i][0]) < k:
+                    nxt_items.append((s.draft_cache, [tok], g[pos : pos + 1]))
+                    nxt_live.append(i)
+            if not nxt_items:
                 break
-            g, lg = d.step(s.draft_cache, np.asarray([tok]), g)
-            row = b.to_host(lg[-1])
-        s.draft_cache.truncate(committed)  # speculative entries are recomputed from true hiddens
-        return drafts, qs
+            g, rows = d.step_last(nxt_items)
+            live = nxt_live
+        for (s, _, _), c in zip(work, committed):
+            s.draft_cache.truncate(c)  # speculative entries are recomputed from true hiddens next time
+        return out
