@@ -39,24 +39,23 @@ def _prefill(value: str) -> str:
     return v
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
-    return n
+def _int_at_least(minimum: int):
+    """argparse type: a whole number >= minimum."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum}, got {value!r}")
+        return n
+
+    return parse
 
 
-def _non_negative_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
-    return n
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _probability(value: str) -> float:
