@@ -87,7 +87,8 @@ def config_from_metadata(md: Mapping[str, Any], arch_override: str | None = None
     return ModelConfig(
         arch=a,
         traits=traits,
-        n_layer=int(_get(md, f"{a}.block_count", required=True)),
+        # nextn (MTP) layers are counted in block_count but are not part of the main stack
+        n_layer=int(_get(md, f"{a}.block_count", required=True)) - int(_get(md, f"{a}.nextn_predict_layers", 0) or 0),
         n_embd=n_embd,
         n_ff=int(_get(md, f"{a}.feed_forward_length", 0) or 0),
         n_head=n_head,
