@@ -39,7 +39,7 @@ def oracle(core):
 
 def test_logits_match_float64_recomputation_exactly_without_cache_rounding(core, oracle):
     """With a float32 KV cache the only differences left are float32 vs float64 arithmetic:
-    measured max |d logprob| 7e-5 over every position and all 49152 tokens; bound 1e-3."""
+    measured max |d logprob| 8.7e-5 over every position and all 49152 tokens; bound 1e-3."""
     tokens, ref = oracle
     ours = logits_of(core.model, tokens, "f32")
     d = np.abs(log_softmax(ours) - log_softmax(ref))
@@ -47,17 +47,18 @@ def test_logits_match_float64_recomputation_exactly_without_cache_rounding(core,
 
 
 def test_logits_with_f16_cache_stay_close_to_float64(core, oracle):
-    """The engine's real path (f16 KV cache): rounding K/V to f16 moves this model's
-    log-probs by up to ~0.04-0.08 (measured 0.044 max over the reference's top-5); bound 0.2,
-    and the top token agrees wherever the reference's top-2 gap exceeds that bound."""
+    """The engine's real path (f16 KV cache). Over the reference's top-5 tokens per position:
+    measured max |d logprob| 0.012, mean 0.0019 (over the whole vocabulary the max is 0.044:
+    f16 rounding of K/V, amplified by this model). Bound 0.05 on the top-5, and the top token
+    agrees wherever the reference's top-2 gap exceeds that bound."""
     tokens, ref = oracle
     ours = log_softmax(logits_of(core.model, tokens, "f16"))
     ref = log_softmax(ref)
     top5 = np.argsort(-ref, axis=1)[:, :5]
     d = np.abs(np.take_along_axis(ours, top5, 1) - np.take_along_axis(ref, top5, 1))
-    assert d.max() < 0.2, f"max |d logprob| over the reference's top-5: {d.max():.3f}"
+    assert d.max() < 0.05, f"max |d logprob| over the reference's top-5: {d.max():.3f}"
     gap = np.take_along_axis(ref, top5[:, :1], 1)[:, 0] - np.take_along_axis(ref, top5[:, 1:2], 1)[:, 0]
-    clear = gap > 0.2
+    clear = gap > 0.05
     assert np.array_equal(ours.argmax(1)[clear], ref.argmax(1)[clear])
 
 
