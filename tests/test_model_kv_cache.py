@@ -8,7 +8,7 @@ import pytest
 from strata.engine.protocol import GenerationRequest, SamplingParams
 from strata.errors import StrataError
 from strata.model.transformer import Span
-from tests.support.model_fixtures import Float32KV, chat_ids, engine, log_softmax, logits_of, run
+from tests.support.model_fixtures import Float32KV, chat_ids, engine, load_engine, log_softmax, logits_of, run
 
 N_CTX = 40
 
@@ -21,7 +21,7 @@ def core():
 @pytest.fixture(scope="module")
 def small():
     """The test model with a 40-token context."""
-    return engine(None, 1, N_CTX)
+    return load_engine(None, 1, N_CTX)
 
 
 @pytest.fixture(scope="module")

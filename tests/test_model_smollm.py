@@ -15,7 +15,7 @@ import pytest
 from strata.defaults import default_model_path
 from strata.model.transformer import Span
 from tests.support.model_fixtures import (
-    MIX_Q2_0_NAME, chat_ids, engine, log_softmax, logits_of, reference, run, shared_file,
+    MIX_Q2_0_NAME, chat_ids, engine, load_engine, log_softmax, logits_of, reference, run, shared_file,
 )
 from tests.support import reference_model
 
@@ -167,7 +167,7 @@ def test_greedy_matches_llama_cpp_until_a_near_tie(q4_1_divergences, item):
 # ------------------------------------------------------------------ the Q2_0 + IQ4_NL model
 @pytest.fixture(scope="module")
 def mix_core():
-    return engine(str(shared_file("models", MIX_Q2_0_NAME)), 1)
+    return load_engine(str(shared_file("models", MIX_Q2_0_NAME)), 1)
 
 
 @pytest.fixture(scope="module")

@@ -37,14 +37,18 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
-def engine(pack: str | None = None, parallel: int = 1, max_context: int | None = None, kv: str = "f16"):
-    """EngineCore on the CPU backend (pack None: the bundled test model)."""
+def load_engine(pack: str | None = None, parallel: int = 1, max_context: int | None = None, kv: str = "f16"):
+    """A fresh EngineCore on the CPU backend (pack None: the bundled test model); ~550 MiB
+    for the test model, so one-off configurations are loaded per module, not kept."""
     from strata.engine.core import EngineCore
     from strata.engine.options import EngineOptions
 
     opts = EngineOptions(pack=pack, parallel=parallel, max_context=max_context, kv=kv, device="cpu")
     return EngineCore.load(opts, log=lambda line: None)
+
+
+# the test model with 4 slots: shared by every test file that only needs "the model"
+engine = functools.lru_cache(maxsize=None)(load_engine)
 
 
 @functools.lru_cache(maxsize=None)
