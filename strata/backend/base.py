@@ -57,6 +57,9 @@ class Backend:
         """token_ids (n,) -> (n, n_embd) float32."""
         raise NotImplementedError
 
+    def window(self, n_tokens: int) -> None:
+        """Called before each forward with the window's token count (CPU: BLAS thread policy)."""
+
     def free_bytes(self) -> int | None:
         """Memory still free on the device for per-slot state (None: unknown)."""
         return None

@@ -15,11 +15,11 @@ def cuda_available() -> bool:
         return False
 
 
-def make_backend(device: str = "auto", *, no_native: set[str] | None = None) -> Backend:
+def make_backend(device: str = "auto", *, no_native: set[str] | None = None, threads: int | None = None) -> Backend:
     if device == "cpu" or (device == "auto" and not cuda_available()):
         from strata.backend.cpu import CpuBackend
 
-        return CpuBackend()
+        return CpuBackend(threads=threads)
     if not cuda_available():
         raise StrataError("--device cuda: no CUDA device (CuPy is missing or sees no GPU)")
     try:
@@ -28,6 +28,6 @@ def make_backend(device: str = "auto", *, no_native: set[str] | None = None) -> 
         if device == "auto":
             from strata.backend.cpu import CpuBackend
 
-            return CpuBackend()
+            return CpuBackend(threads=threads)
         raise StrataError(f"--device cuda: the CUDA backend is not available in this build ({e})") from None
     return CudaBackend(no_native=no_native or set())

@@ -298,7 +298,9 @@ class Scheduler:
                     self.fallbacks[reason] += 1
                 continue
             params = s.handle.request.params
-            k = min(self.cfg.spec, self.cfg.max_ctx - s.cache.length - 1, params.max_tokens - s.n_generated - 1)
+            # a window emits up to k + 1 tokens: stay within max_tokens and the context
+            room = self.cfg.max_ctx - len(s.prompt) - s.n_generated
+            k = min(self.cfg.spec, room - 1, params.max_tokens - s.n_generated - 1)
             if k <= 0:
                 continue
             try:
@@ -342,8 +344,8 @@ class Scheduler:
         if s.output.stopped:
             self._finish(s, "stop", tail=False)
             return False
-        if s.n_generated >= params.max_tokens:
-            self._finish(s, "length")
+        if s.n_generated >= params.max_tokens or len(s.prompt) + s.n_generated >= self.cfg.max_ctx:
+            self._finish(s, "length")  # prompt + completion never exceed the context
             return False
         return True
 

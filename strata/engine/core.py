@@ -82,7 +82,7 @@ class EngineCore:
             f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
-        backend = make_backend(opts.device, no_native=opts.no_native_types())
+        backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads)
         self.backend = backend
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         self.model = Transformer(backend, cfg, get, progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))

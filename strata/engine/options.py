@@ -88,7 +88,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute backend")
     g.add_argument("--no-native", default="", metavar="TYPES",
                    help="diagnostic: comma-separated GGML types to drop from the native kernel table")
-    g.add_argument("--threads", type=_positive_int, default=None, help="CPU threads for BLAS (default: all cores)")
+    g.add_argument("--threads", type=_positive_int, default=None, help="CPU BLAS threads (default: 1 for decode windows, all cores for prefill)")
     if serving:
         g.add_argument("--host", default="127.0.0.1")
         g.add_argument("--port", type=_non_negative_int, default=8080)

@@ -202,6 +202,7 @@ class Transformer:
         Caches advance: each span's cache.length becomes start + count.
         """
         b = self.b
+        b.window(int(sum(sp.count for sp in spans)))
         for sp in spans:
             if sp.start != sp.cache.length:
                 raise RuntimeError(f"span starts at {sp.start} but its cache holds {sp.cache.length}")
