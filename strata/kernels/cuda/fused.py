@@ -1,0 +1,141 @@
+"""Fused element-wise and attention kernels (fused.cu) for the CUDA backend, through CuPy.
+
+Each function computes exactly what the generic array code of strata.backend.base.Backend
+computes, in one launch; it returns None for a layout it does not handle (the caller then
+takes the generic path). rope and swiglu give the same bits as the generic CuPy code; rms_norm
+and attention differ only in summation order (float rounding).
+
+    rms_norm(x, w, eps) -> y            x (..., n) float32
+    rope(x, positions, base, dim, scale, neox) -> y   x (t, heads, head_dim)
+    swiglu(gate, up) -> y               (rows, cols) views with contiguous rows, or any contiguous shape
+    attention(q, k, v, q_positions) -> (t, n_head * d)
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+_SOURCE = Path(__file__).with_name("fused.cu")
+_THREADS = 256
+ATTN_THREADS = 256
+# scores live in shared memory: keep (L + 32 + threads) floats under the 48 KB default
+ATTN_MAX_KEYS = 48 * 1024 // 4 - 32 - ATTN_THREADS
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+@functools.cache
+def _module():
+    # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
+    return _cp().RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
+
+
+@functools.cache
+def _fn(name: str):
+    return _module().get_function(name)
+
+
+def _blocks(total: int) -> tuple[int]:
+    return ((total + _THREADS - 1) // _THREADS,)
+
+
+def _f32_contiguous(a):
+    cp = _cp()
+    return cp.ascontiguousarray(a, dtype=cp.float32)
+
+
+def rms_norm(x, w, eps: float):
+    cp = _cp()
+    n = int(x.shape[-1])
+    if x.dtype != cp.float32 or w.dtype != cp.float32 or w.size != n or n == 0:
+        return None
+    x = cp.ascontiguousarray(x)
+    w = cp.ascontiguousarray(w)
+    y = cp.empty(x.shape, dtype=cp.float32)
+    rows = x.size // n
+    if rows:
+        threads = 32 if n <= 128 else (128 if n <= 2048 else 256)
+        _fn("rms_norm_f32")((rows,), (threads,), (x, w, y, np.int32(n), np.float32(eps)))
+    return y
+
+
+def _positions(positions, n: int):
+    cp = _cp()
+    p = cp.ascontiguousarray(cp.asarray(positions, dtype=cp.int64))
+    return p if p.shape == (n,) else None
+
+
+def rope(x, positions, *, base: float, dim: int, scale: float, neox: bool):
+    cp = _cp()
+    if x.ndim != 3 or x.dtype != cp.float32 or dim % 2 or dim > x.shape[2]:
+        return None
+    t, heads, hd = (int(s) for s in x.shape)
+    if x.strides[2] != 4:
+        x = cp.ascontiguousarray(x)
+    pos = _positions(positions, t)
+    if pos is None:
+        return None
+    y = cp.empty((t, heads, hd), dtype=cp.float32)
+    total = t * heads * hd
+    if total:
+        _fn("rope_f32")(_blocks(total), (_THREADS,), (
+            x, y, pos, np.int32(t), np.int32(heads), np.int32(hd), np.int32(dim),
+            np.int64(x.strides[0] // 4), np.int64(x.strides[1] // 4),
+            np.float64(base), np.float64(scale), np.int32(bool(neox))))
+    return y
+
+
+def _rows_view(a):
+    """(rows, cols, row stride in elements) of a float32 array whose last axis is contiguous:
+    a 2-D view with any row stride, or a contiguous array of any rank."""
+    cp = _cp()
+    if a.dtype != cp.float32 or a.ndim == 0 or a.strides[-1] != 4:
+        return None
+    cols = int(a.shape[-1])
+    if a.ndim == 2:
+        return a, int(a.shape[0]), cols, int(a.strides[0] // 4)
+    if a.flags.c_contiguous:
+        return a, a.size // max(cols, 1), cols, cols
+    return None
+
+
+def swiglu(gate, up):
+    cp = _cp()
+    if gate.shape != up.shape:
+        return None
+    g, u = _rows_view(gate), _rows_view(up)
+    if g is None or u is None:
+        return None
+    (ga, rows, cols, gs), (ua, _, _, us) = g, u
+    y = cp.empty(gate.shape, dtype=cp.float32)
+    if rows * cols:
+        _fn("swiglu_f32")(_blocks(rows * cols), (_THREADS,), (
+            ga, ua, y, np.int32(rows), np.int32(cols), np.int64(gs), np.int64(us)))
+    return y
+
+
+def attention(q, k, v, q_positions):
+    cp = _cp()
+    if q.ndim != 3 or k.ndim != 3 or v.shape != k.shape:
+        return None
+    t, n_head, d = (int(s) for s in q.shape)
+    n_kv, L, dk = (int(s) for s in k.shape)
+    if dk != d or n_kv == 0 or n_head % n_kv or L == 0 or L > ATTN_MAX_KEYS or t == 0:
+        return None
+    q, k, v = _f32_contiguous(q), _f32_contiguous(k), _f32_contiguous(v)
+    pos = _positions(q_positions, t)
+    if pos is None:
+        return None
+    out = cp.empty((t, n_head * d), dtype=cp.float32)
+    smem = (L + 32 + ATTN_THREADS) * 4
+    _fn("attention_f32")((n_head, t), (ATTN_THREADS,), (
+        q, k, v, pos, out, np.int32(n_head), np.int32(n_kv), np.int32(L), np.int32(d),
+        np.float32(1.0 / float(d) ** 0.5)), shared_mem=smem)
+    return out
