@@ -120,8 +120,10 @@ def main():
     sp = prompts_of(plain, PROMPTS)
     want, _ = generate(plain, sp, 16)
     got, _ = generate(bm, sp, 16)
+    gplain, _ = generate(load(["--pack", str(tmp), "--device", "cuda"]), sp, 16)
     m = bm.metrics()
-    rows.append(("seed-moe batch-MTP on cuda == plain cpu", f"{got == want} (drafted {sum(s['mtp_drafted'] for s in m['slots'])})"))
+    rows.append(("seed-moe batch-MTP on cuda == plain cuda", f"{got == gplain} (drafted {sum(s['mtp_drafted'] for s in m['slots'])})"))
+    rows.append(("seed-moe batch-MTP on cuda == plain cpu", f"{got == want}"))
     # speed
     for label, core, prompts in (("mix model", gpu, ps), ("seed-moe", load(["--pack", str(tmp), "--device", "cuda", "--parallel", "4"]), sp)):
         for b in (1, 4):
