@@ -38,20 +38,22 @@ TEXT = ("The history of the river towns is a story of water and trade. Boats car
 def load(path: str) -> tuple[Transformer, Tokenizer]:
     pack = open_pack(pack=path, native=None, ple_gguf=[])
     cfg = config_from_metadata(pack.metadata)
-    model = Transformer(CpuBackend(), cfg, lambda name: pack.tensors.get(name))
+    threads = os.environ.get("STRATA_BENCH_THREADS", "auto")
+    backend = CpuBackend(threads=None if threads == "auto" else int(threads))
+    model = Transformer(backend, cfg, lambda name: pack.tensors.get(name))
     return model, Tokenizer.from_metadata(pack.metadata)
 
 
 def weight_bytes_per_token(model: Transformer) -> int:
     """float32 bytes a one-token forward reads: every matrix once (the embedding row aside)."""
-    total = int(model.output.w.nbytes)
+    total = int(model.output.wt.nbytes)
     for bw in model.blocks:
         for w in (bw.wqkv, bw.wo, bw.wgate_up, bw.wdown, bw.router):
             if w is not None:
-                total += int(w.w.nbytes)
+                total += int(w.wt.nbytes)
         if bw.gate_exps is not None:  # routed experts: only n_expert_used of them per token
             share = model.cfg.n_expert_used / model.cfg.n_expert
-            total += int(share * sum(int(e.w.nbytes) for e in (bw.gate_exps, bw.up_exps, bw.down_exps)))
+            total += int(share * sum(int(e.wt.nbytes) for e in (bw.gate_exps, bw.up_exps, bw.down_exps)))
     return total
 
 
@@ -108,7 +110,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--prefill", default="128,512")
-    ap.add_argument("--threads", default="1,2", help="BLAS thread counts to compare")
+    ap.add_argument("--threads", default="auto,1,2",
+                    help="BLAS thread policies to compare: auto (the engine's default: 1 thread for "
+                         "decode windows, all cores for prefill) or a fixed count")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.pack = a.pack or str(default_model_path())
@@ -118,7 +122,9 @@ def main() -> None:
 
     results = {}
     for t in a.threads.split(","):
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": t, "OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t}
+        env = {**os.environ, "STRATA_BENCH_THREADS": t}
+        if t != "auto":
+            env.update(OPENBLAS_NUM_THREADS=t, OMP_NUM_THREADS=t, MKL_NUM_THREADS=t)
         argv = [sys.executable, __file__, "--child", "--pack", a.pack, "--runs", str(a.runs),
                 "--decode", str(a.decode), "--prefill", a.prefill]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)

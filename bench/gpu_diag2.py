@@ -34,7 +34,7 @@ class Q8Cpu(cb.CpuBackend):
     tag = "q8"
 
     def linear(self, w, x):
-        return np.matmul(q8(x), w.w.T)
+        return np.matmul(q8(x), w.wt)
 
 
 cores = {}
