@@ -71,8 +71,14 @@ class EngineCore:
         for w in opts.warnings():
             log(w)
         pack_arg = opts.pack
+        mtp_arg = opts.mtp
         if pack_arg is None and opts.native is None:
             pack_arg = str(default_model_path())
+            if mtp_arg is None and opts.spec > 0:  # the default model comes with a trained draft
+                from strata.mtp.defaults import default_draft_path
+
+                shipped = default_draft_path()
+                mtp_arg = str(shipped) if shipped is not None else None
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
         self.pack = pack
         md = pack.metadata
@@ -91,7 +97,7 @@ class EngineCore:
         self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
 
         draft = None
-        src = find_draft(opts.mtp, pack)
+        src = find_draft(mtp_arg, pack)
         if opts.spec > 0 and src is None:
             log("strata mtp: --spec given but no draft (no --mtp and no nextn tensors in the pack); MTP is off")
         if src is not None and opts.spec > 0:
