@@ -75,8 +75,8 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
              log: Callable[[str], None] = print, time_budget_s: float | None = None) -> list[Sequence]:
     """Let the target answer every prompt; one window decodes all live sequences together.
 
-    Every `sample_every`-th prompt is sampled (temperature, top-50), the rest greedy: greedy
-    text is what greedy acceptance is measured on, sampled text adds variety.
+    Every `sample_every`-th prompt is sampled (temperature, top-50; 1: all, 0: none), the rest
+    greedy: greedy text is what greedy acceptance is measured on, sampled text adds variety.
     """
     rng = np.random.default_rng(seed)
     E = model.cfg.n_embd
@@ -93,7 +93,7 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
             used = {id(s.cache) for s in live}
             cache = next(c for c in caches if id(c) not in used)
             cache.length = 0
-            greedy = sample_every <= 0 or i % sample_every != 1
+            greedy = sample_every <= 0 or i % sample_every != sample_every - 1
             live.append(_Live(kind, ids, cache, greedy, max_new, np.random.default_rng([seed, i])))
         if not live:
             break
@@ -171,12 +171,14 @@ def save_sequences(path, seqs: list[Sequence]) -> None:
 
 
 def load_sequences(path) -> list[Sequence]:
-    z = np.load(path)
+    with np.load(path) as z:  # each z[key] reads the whole array again: read every one once
+        lens, kinds, tokens, hidden, top_ids, top_logits = (z[k] for k in (
+            "lens", "kinds", "tokens", "hidden", "top_ids", "top_logits"))
     out, a, b = [], 0, 0
-    for n, kind in zip(z["lens"], z["kinds"]):
+    for n, kind in zip(lens, kinds):
         n = int(n)
-        out.append(Sequence(z["tokens"][a : a + n], z["hidden"][b : b + n - 1], z["top_ids"][b : b + n - 1],
-                            z["top_logits"][b : b + n - 1], str(kind)))
+        out.append(Sequence(tokens[a : a + n], hidden[b : b + n - 1], top_ids[b : b + n - 1],
+                            top_logits[b : b + n - 1], str(kind)))
         a += n
         b += n - 1
     return out

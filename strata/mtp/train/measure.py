@@ -90,3 +90,23 @@ def load_core(pack: str | None, draft: str | None, spec: int, *, min_p: float = 
     if batch_mtp:
         args.append("--batch-mtp")
     return EngineCore.load(parse_engine_args(args, serving=False), log=log)
+
+
+def divergence(core, prompt: list[int], want: list[int], got: list[int]) -> tuple[int, float] | None:
+    """Where two greedy outputs first differ and the target's own logit gap there (plain forward).
+
+    A gap of ~1e-3 means a near-tie that batched and one-row forwards round differently (the
+    verifier kept the target's argmax of its window); a large gap would be a real bug.
+    """
+    import numpy as np
+
+    from strata.model.transformer import Span
+
+    i = next((j for j in range(min(len(want), len(got))) if want[j] != got[j]), None)
+    if i is None:
+        return None
+    m = core.model
+    seq = list(prompt) + list(want[:i])
+    h = m.forward(np.asarray(seq), [Span(m.new_cache(len(seq) + 1, "f16"), 0, len(seq))])
+    lg = core.backend.to_host(m.logits(h[-1:]))[0]
+    return i, float(lg[want[i]] - lg[got[i]])

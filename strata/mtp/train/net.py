@@ -149,6 +149,7 @@ def candidate_loss(net: DraftNet, g: torch.Tensor, top_ids: torch.Tensor, top_lo
     neg = neg.masked_fill(dup, float("-inf"))
     logq = torch.log_softmax(torch.cat([own, neg], dim=1), dim=1)[:, : top_ids.shape[1]]
     p = torch.softmax(top_logits, dim=1)
-    loss = -(p * logq).sum(1).mean()
+    # soft match of the target's distribution (sampling acceptance) + its argmax (greedy acceptance)
+    loss = -(p * logq).sum(1).mean() - 0.5 * logq[:, 0].mean()
     agree = (own.argmax(1) == 0) & (own.max(1).values >= neg.max(1).values)
     return loss, agree.float().mean()

@@ -40,6 +40,7 @@ class TrainConfig:
     eval_every: int = 50
     measure: bool = True  # acceptance with the real engine at the end
     held_out_per_kind: int | None = None  # held-out prompts per kind (None: all of them)
+    note: str | None = None  # appended to the draft's strata-mtp.training metadata
     data_cache: str | None = None  # .npz prefix: reuse collected data if present, else save it there
     seed: int = 0
 
@@ -208,7 +209,23 @@ def _targets(top_ids, top_lg, first_row: int, count: int):
     return ids, lg, ids[..., 0] >= 0
 
 
-def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 512, two_pass: bool = True):
+def _mined(net, g, rng: np.random.Generator, n: int, rows: int = 64) -> np.ndarray:
+    """Hard negatives: the tokens the draft itself ranks highest (full head, a few rows, no grad).
+
+    Without them the candidate loss never sees the tokens the draft wrongly prefers among the
+    ~49k it is not shown, and full-vocabulary argmax agreement lags far behind candidate agreement.
+    """
+    import torch
+
+    with torch.no_grad():
+        flat = g.detach().reshape(-1, g.shape[-1])
+        pick = torch.from_numpy(rng.choice(flat.shape[0], size=min(rows, flat.shape[0]), replace=False)).to(g.device)
+        top = (flat[pick] @ net.head.T).topk(8, dim=-1).indices.unique()
+    top = top.cpu().numpy()
+    return rng.choice(top, size=min(n, len(top)), replace=False) if len(top) else top
+
+
+def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 1024, two_pass: bool = True):
     """Pass 1: entry x_p (index p-1) targets row p; pass 2: entry x_{p+1} (index p) targets row p+1."""
     import torch
 
@@ -218,10 +235,10 @@ def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 512, two_pass:
     T = hidden.shape[1]
     g1, g2 = net(tokens, hidden, two_pass=two_pass)
     vocab = net.head.shape[0]
-    pool = top_ids[top_ids >= 0].unique()
-    neg = torch.from_numpy(np.concatenate([
-        rng.choice(pool.numpy(), size=min(n_neg // 2, len(pool)), replace=False),
-        rng.integers(0, vocab, size=n_neg // 2)]).astype(np.int64)).unique()
+    pool = top_ids[top_ids >= 0].unique().cpu().numpy()
+    neg = np.concatenate([rng.choice(pool, size=min(n_neg // 2, len(pool)), replace=False),
+                          rng.integers(0, vocab, size=n_neg // 4), _mined(net, g1, rng, n_neg // 4)])
+    neg = torch.from_numpy(neg.astype(np.int64)).unique().to(g1.device)
     out = {}
     total = 0.0
     # pass 1: g1[:, j] is entry x_{j+1}; its target is row j+1 (rows 1..T-1 exist)
@@ -315,7 +332,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
 
     weights = {k: v.detach().cpu().numpy() for k, v in net.p.items()}
     how = (f"self-distilled: {len(train_seqs)} sequences ({'--data' if cfg.data else 'target-generated'}), "
-           f"{cfg.steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s")
+           f"{cfg.steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s"
+           + (f"; {cfg.note}" if cfg.note else ""))
     out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
                       name=f"{mc.name} MTP draft", extra_metadata={"training": how})
     log(f"strata mtp train: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {how}")
