@@ -69,6 +69,8 @@ def main() -> int:
 
     specs = [3] if a.quick else [1, 2, 3, 4]
     min_ps = [0.0, 0.5] if a.quick else [0.0, 0.5, 0.8]
+    print("acceptance, per position: over windows that drafted; tokens/window: drafting windows "
+          "(all decode windows in brackets)\n")
     print("| spec | min-p | kind | windows | acceptance | per position | tokens/window | tok/s (plain) | lossless |")
     print("|---|---|---|---|---|---|---|---|---|")
     lossless = exact = True
@@ -86,7 +88,7 @@ def main() -> int:
                 tot_s += acc.seconds
                 per = " ".join(f"{r:.2f}" for r in acc.per_pos())
                 print(f"| {k_spec} | {mp} | {kind} | {acc.windows} | {acc.rate:.2f} | {per} | "
-                      f"{acc.tokens_per_window:.2f} | {acc.tokens / acc.seconds:.1f} ({base[kind].tokens / base[kind].seconds:.1f}) "
+                      f"{acc.tokens_per_window:.2f} ({acc.tokens_per_decode_window:.2f}) | {acc.tokens / acc.seconds:.1f} ({base[kind].tokens / base[kind].seconds:.1f}) "
                       f"| {mark} |", flush=True)
             tps = tot_tok / tot_s
             print(f"| {k_spec} | {mp} | all | | | | | {tps:.1f} ({plain_tps:.1f}) = {tps / plain_tps:.2f}x | |", flush=True)

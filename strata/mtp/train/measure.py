@@ -22,11 +22,18 @@ class Acceptance:
     accepted_per_pos: list[int] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
+    decode_windows: int = 0  # every window after the prompts' prefill, drafting or not
+    decode_tokens: int = 0  # tokens those windows emitted (the prefill window emits each prompt's first)
     outputs: list[list[int]] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_decode_window(self) -> float:
+        """Tokens per window over all decode windows (with --spec-min-p some windows do not draft)."""
+        return self.decode_tokens / self.decode_windows if self.decode_windows else 0.0
 
     @property
     def tokens_per_window(self) -> float:
@@ -45,6 +52,7 @@ def run_prompts(core, prompts: list[list[int]], max_tokens: int, params: Samplin
                 concurrent: int = 1) -> Acceptance:
     """Greedy generation of every prompt, `concurrent` at a time (one window serves them all)."""
     before = [dict(s) for s in core.metrics()["slots"]]
+    windows0 = core.scheduler.windows
     out = Acceptance()
     t0 = time.perf_counter()
     params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0)
@@ -62,6 +70,9 @@ def run_prompts(core, prompts: list[list[int]], max_tokens: int, params: Samplin
             out.outputs.append(ids)
             out.tokens += len(ids)
     out.seconds = time.perf_counter() - t0
+    # one prefill window per prompt group (prompts here are far shorter than a prefill chunk)
+    out.decode_windows = core.scheduler.windows - windows0 - len(groups)
+    out.decode_tokens = out.tokens - sum(1 for o in out.outputs if o)
     for b, s in zip(before, core.metrics()["slots"]):
         out.windows += s["mtp_windows"] - b["mtp_windows"]
         out.drafted += s["mtp_drafted"] - b["mtp_drafted"]
