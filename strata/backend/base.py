@@ -85,10 +85,7 @@ class Backend:
         """Rotate the first `dim` features of each head. x (n, heads, head_dim), positions (n,)."""
         xp = self.xp
         half = dim // 2
-        inv = base ** (-xp.arange(0, half, dtype=xp.float64) * 2.0 / dim)
-        ang = (xp.asarray(positions, dtype=xp.float64)[:, None] / scale) * inv[None, :]
-        cos = xp.cos(ang).astype(xp.float32)[:, None, :]
-        sin = xp.sin(ang).astype(xp.float32)[:, None, :]
+        cos, sin = self._rope_table(positions, base, dim, scale)
         out = x.copy()
         if neox:
             a, b = x[..., :half], x[..., half:dim]
@@ -101,6 +98,21 @@ class Backend:
         else:
             out[..., 0:dim:2], out[..., 1:dim:2] = ra, rb
         return out
+
+    def _rope_table(self, positions: Any, base: float, dim: int, scale: float):
+        """cos/sin (n, 1, dim/2) for these positions; q and k of every layer share one window's
+        positions, so the last table is kept and reused (60 recomputations per token saved)."""
+        xp = self.xp
+        key = (id(positions), base, dim, scale)
+        memo = getattr(self, "_rope_memo", None)
+        if memo is not None and memo[0] == key and memo[1] is positions:
+            return memo[2]
+        half = dim // 2
+        inv = base ** (-xp.arange(0, half, dtype=xp.float64) * 2.0 / dim)
+        ang = (xp.asarray(positions, dtype=xp.float64)[:, None] / scale) * inv[None, :]
+        table = (xp.cos(ang).astype(xp.float32)[:, None, :], xp.sin(ang).astype(xp.float32)[:, None, :])
+        self._rope_memo = (key, positions, table)
+        return table
 
     def attention(self, q: Any, k: Any, v: Any, q_positions: Any) -> Any:
         """Causal attention of one sequence's new tokens over its cache.

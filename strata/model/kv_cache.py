@@ -27,6 +27,12 @@ class KVCache:
         self._v: list[Any] = []
         self._ks: list[Any] = []
         self._vs: list[Any] = []
+        # On the CPU, a float32 copy of what the cache holds (the f16 or int8 values, decoded once
+        # when written) spares converting the whole cache at every step; the values read are the
+        # same either way. The GPU keeps only the compact storage.
+        self._shadow = xp.__name__ == "numpy"
+        self._kd: list[Any] = []
+        self._vd: list[Any] = []
         self._grow(min(initial, max_ctx))
 
     # --- storage -------------------------------------------------------------------------
@@ -56,11 +62,20 @@ class KVCache:
                     arrs.append(a)
                     if s is not None:
                         scales.append(s)
+        if self._shadow:
+            for shadows in (self._kd, self._vd):
+                for layer in range(self.n_layer):
+                    a = self.xp.zeros((self.n_kv, cap, self.d), self.xp.float32)
+                    if layer < len(shadows):
+                        a[:, : self._cap] = shadows[layer][:, : self._cap]
+                        shadows[layer] = a
+                    else:
+                        shadows.append(a)
         self._cap = cap
 
     @property
     def nbytes(self) -> int:
-        total = sum(int(a.nbytes) for a in self._k + self._v)
+        total = sum(int(a.nbytes) for a in self._k + self._v + self._kd + self._vd)
         return total + sum(int(a.nbytes) for a in self._ks + self._vs)
 
     # --- access ---------------------------------------------------------------------------
@@ -83,6 +98,10 @@ class KVCache:
                 q, s = self._quantize(val)
                 arr[layer][:, start : start + t] = q
                 sc[layer][:, start : start + t] = s
+        if self._shadow:
+            dk, dv = self._decode(layer, start, start + t)
+            self._kd[layer][:, start : start + t] = dk
+            self._vd[layer][:, start : start + t] = dv
 
     def _quantize(self, x: Any):
         xp = self.xp
@@ -93,13 +112,18 @@ class KVCache:
 
     def read(self, layer: int, end: int):
         """Float32 k, v (n_kv, end, d) for positions [0, end)."""
+        if self._shadow:
+            return self._kd[layer][:, :end], self._vd[layer][:, :end]
+        return self._decode(layer, 0, end)
+
+    def _decode(self, layer: int, start: int, end: int):
         xp = self.xp
-        k = self._k[layer][:, :end]
-        v = self._v[layer][:, :end]
+        k = self._k[layer][:, start:end]
+        v = self._v[layer][:, start:end]
         if self.kind == "f16":
             return k.astype(xp.float32), v.astype(xp.float32)
-        return (k.astype(xp.float32) * self._ks[layer][:, :end, None],
-                v.astype(xp.float32) * self._vs[layer][:, :end, None])
+        return (k.astype(xp.float32) * self._ks[layer][:, start:end, None],
+                v.astype(xp.float32) * self._vs[layer][:, start:end, None])
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
