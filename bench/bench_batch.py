@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams  # noqa: E402
+from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
 PROMPTS = ["Hello there, how are you today?", "Write a haiku about rain.", "List three colors.",
            "Explain what a hash map is.", "What is the capital of France?", "Give me a recipe for soup.",
@@ -45,13 +45,7 @@ def run_mode(pack: str, mtp: str | None, extra: list[str], clients: int, spec: i
     t0 = time.perf_counter()
     core.scheduler.run_until_idle()
     dt = time.perf_counter() - t0
-    n = 0
-    for h in handles:
-        while True:
-            ev = h.events.get()
-            if isinstance(ev, FinishEvent):
-                n += ev.completion_tokens
-                break
+    n = sum(h.collect()[2].completion_tokens for h in handles)
     m = core.metrics()
     windows = sum(s["mtp_windows"] for s in m["slots"])
     drafted = sum(s["mtp_drafted"] for s in m["slots"])

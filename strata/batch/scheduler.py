@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import os
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable

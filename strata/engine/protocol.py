@@ -73,3 +73,15 @@ class RequestHandle:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
+
+    def collect(self, timeout: float | None = None) -> "tuple[list[int], str, FinishEvent]":
+        """Block until the request finishes: (token ids, whole text, the FinishEvent)."""
+        ids: list[int] = []
+        text: list[str] = []
+        while True:
+            ev = self.events.get(timeout=timeout)
+            if isinstance(ev, FinishEvent):
+                text.append(ev.text_tail)
+                return ids, "".join(text), ev
+            ids.append(ev.token_id)
+            text.append(ev.text)

@@ -8,7 +8,7 @@ window; attention runs per span over its own cache. The same block code serves t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 

@@ -14,7 +14,6 @@ import dataclasses
 import re
 
 import numpy as np
-from pathlib import Path
 from typing import Any
 
 from strata.backend.base import Backend

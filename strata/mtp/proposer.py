@@ -65,7 +65,7 @@ class DraftProposer:
         out: list[tuple[list[int], list[Any]]] = [([], []) for _ in work]
         live = list(range(len(work)))
         while live:
-            nxt_items, nxt_live, nxt_g = [], [], []
+            nxt_items, nxt_live = [], []
             for pos, i in enumerate(live):
                 s, k, params = work[i]
                 row = rows[pos]

@@ -26,14 +26,7 @@ def load_engine(args: list[str]) -> tuple[EngineCore, list[str]]:
 
 
 def collect(handle, timeout: float = 120.0) -> tuple[list[int], str, FinishEvent]:
-    ids, text = [], []
-    while True:
-        ev = handle.events.get(timeout=timeout)
-        if isinstance(ev, FinishEvent):
-            text.append(ev.text_tail)
-            return ids, "".join(text), ev
-        ids.append(ev.token_id)
-        text.append(ev.text)
+    return handle.collect(timeout=timeout)
 
 
 def greedy(max_tokens: int = 16, **kw) -> SamplingParams:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.engine.protocol import GenerationRequest, SamplingParams
 
 
 @dataclass
@@ -61,12 +61,7 @@ def run_prompts(core, prompts: list[list[int]], max_tokens: int, params: Samplin
         handles = [core.submit(GenerationRequest(list(p), params)) for p in group]
         core.scheduler.run_until_idle()
         for h in handles:
-            ids = []
-            while True:
-                ev = h.events.get()
-                if isinstance(ev, FinishEvent):
-                    break
-                ids.append(ev.token_id)
+            ids = h.collect()[0]
             out.outputs.append(ids)
             out.tokens += len(ids)
     out.seconds = time.perf_counter() - t0
