@@ -29,6 +29,10 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
 }
 
 
+# RoPE position scalings this build implements (positions divided by the factor for "linear")
+ROPE_SCALINGS = ("none", "linear")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -79,8 +83,11 @@ def config_from_metadata(md: Mapping[str, Any], arch_override: str | None = None
     n_head = int(_get(md, f"{a}.attention.head_count", required=True))
     n_head_kv = int(_get(md, f"{a}.attention.head_count_kv", n_head))
     head_dim = int(_get(md, f"{a}.attention.key_length", n_embd // n_head))
-    scaling_type = _get(md, f"{a}.rope.scaling.type", "none")
+    scaling_type = str(_get(md, f"{a}.rope.scaling.type", "none") or "none")
     factor = float(_get(md, f"{a}.rope.scaling.factor", 1.0) or 1.0)
+    if scaling_type not in ROPE_SCALINGS:
+        raise StrataError(f"pack metadata {a}.rope.scaling.type = {scaling_type!r} is not supported "
+                          f"(supported: {', '.join(ROPE_SCALINGS)})")
     rope_scale = factor if scaling_type == "linear" else 1.0
     tokens = md.get("tokenizer.ggml.tokens")
     traits = ARCH_TRAITS[a]
