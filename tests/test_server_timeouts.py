@@ -1,0 +1,45 @@
+"""End to end: the config's request_timeout (504, the slot freed, the server serving on) and
+startup_timeout (an engine slower to load than allowed is stopped; requests get 503)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from support.server_proc import pid_alive, start_serve, wait_until
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+
+
+def test_request_timeout_gives_504_and_frees_the_slot(tmp_path):
+    p = start_serve(tmp_path, {"parallel": 1, "request_timeout": 1.5, "args": ["--max-context", "512"]})
+    try:
+        p.wait_healthy()
+        t0 = time.monotonic()
+        r = httpx.post(p.url + "/v1/completions", timeout=60,
+                       json={"prompt": "Write a long story.", "max_tokens": 400, "ignore_eos": True})
+        assert r.status_code == 504, r.text
+        assert "request_timeout" in r.json()["error"]["message"]
+        assert time.monotonic() - t0 < 30
+        # the one slot is free again: a short request is served
+        r2 = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] >= 1
+        assert p.stop(signal.SIGTERM) == 0
+    finally:
+        p.kill_tree()
+
+
+def test_startup_timeout_stops_a_slow_engine(tmp_path):
+    p = start_serve(tmp_path, {"startup_timeout": 0.2, "args": ["--max-context", "256"]})
+    try:
+        r = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 503
+        assert "did not become ready within 0.2 s" in r.json()["error"]["message"]
+        pids = p.engine_pids()
+        assert pids and wait_until(lambda: not pid_alive(pids[0]), 15), "the slow engine was left running"
+        assert p.stop(signal.SIGTERM) == 0
+    finally:
+        p.kill_tree()
