@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenize": ("strata.cli.tokenize", "show a prompt's token ids"),
     "inspect": ("strata.cli.inspect", "list a pack's tensors, types and metadata"),
     "kernels": ("strata.cli.kernels", "show which kernels serve each type"),
-    "probe": ("strata.cli.probe", "check a pack's kernels against reference numerics"),
+    "probe": ("strata.cli.probe", "report which tensors run native, generic or not at all, and batch-MTP per slot"),
     "pack": ("strata.cli.pack", "build packs (synthetic test models)"),
     "serve": ("strata.cli.serve", "run the OpenAI-compatible HTTP server"),
     "engine": ("strata.cli.engine", "run the engine process"),
