@@ -100,10 +100,11 @@ class CpuBackend(Backend):
     def embedding(self, source: TensorSource) -> np.ndarray:
         return self._dense(source)
 
-    # OpenBLAS packs the whole weight for a GEMM, so 2-3 rows cost 3-6x one row (the output
-    # head: 4.4 ms for 1 row, 25-28 ms for 2-4); up to this many rows, one mat-vec per row is
-    # faster, and each row then rounds exactly as a lone row does.
-    ROWWISE_MAX = 3
+    # OpenBLAS packs the whole weight for a GEMM, so a few rows cost 3-6x one row (the output
+    # head, 2 threads: 3.2 ms for 1 row, ~15 ms for 2-12 rows); up to this many rows one mat-vec
+    # per row is as fast or faster (head at 4 rows: 13.6 vs 14.9 ms; 576x3072: 0.20 vs 0.48 ms),
+    # and each row then rounds exactly as a lone row does.
+    ROWWISE_MAX = 4
 
     def linear(self, w: DenseWeight, x: np.ndarray) -> np.ndarray:
         m = x.shape[0]
