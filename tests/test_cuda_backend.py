@@ -14,13 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _HAVE_GPU = cp.cuda.is_available()
-except Exception:  # a broken driver install raises instead of answering
-    _HAVE_GPU = False
-if not _HAVE_GPU:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from tests.support.gpu import require_cuda  # noqa: E402
+
+cp = require_cuda()
 
 from strata.backend.cuda import CudaBackend  # noqa: E402
 from strata.kernels.ggml_types import type_by_name  # noqa: E402

@@ -15,13 +15,9 @@ import os
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _HAVE_GPU = cp.cuda.is_available()
-except Exception:  # a broken driver install raises instead of answering
-    _HAVE_GPU = False
-if not _HAVE_GPU:
-    pytest.skip("no CUDA device", allow_module_level=True)
+from tests.support.gpu import require_cuda  # noqa: E402
+
+cp = require_cuda()
 
 from strata.kernels import mmvq_numpy  # noqa: E402
 from strata.kernels.activation_quant import quantize_activations  # noqa: E402
