@@ -10,6 +10,7 @@ overrides them where it has something faster (fused kernels on the GPU).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Protocol, Sequence
 
 
@@ -23,39 +24,40 @@ class TensorSource(Protocol):
     def data(self) -> Any: ...  # uint8 array of the raw blocks
 
 
-class Backend:
+class Backend(ABC):
     name = "abstract"
     xp: Any = None  # the array module
 
     # ---- weights -------------------------------------------------------------------
+    @abstractmethod
     def linear_weight(self, sources: Sequence[TensorSource]) -> Any:
         """A 2-D weight (or several with one row length, fused along the output rows)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def expert_weight(self, source: TensorSource) -> Any:
         """A 3-D expert weight: ne [in, out, n_expert]."""
-        raise NotImplementedError
 
+    @abstractmethod
     def vector(self, source: TensorSource) -> Any:
         """A 1-D float tensor (norm weights, biases) as float32 on the device."""
-        raise NotImplementedError
 
+    @abstractmethod
     def embedding(self, source: TensorSource) -> Any:
-        raise NotImplementedError
+        """The token embedding table, in whatever form `embed` reads."""
 
     # ---- matrix ops ----------------------------------------------------------------
+    @abstractmethod
     def linear(self, w: Any, x: Any) -> Any:
         """x (n, in) float32 -> (n, out) float32."""
-        raise NotImplementedError
 
+    @abstractmethod
     def linear_experts(self, w: Any, x: Any, expert_ids: Any) -> Any:
         """expert_ids (n, k); x (n, in) shared by a token's k experts, or (n, k, in) one row per
         (token, expert) -> (n, k, out)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def embed(self, table: Any, token_ids: Any) -> Any:
         """token_ids (n,) -> (n, n_embd) float32."""
-        raise NotImplementedError
 
     def window(self, n_tokens: int) -> None:
         """Called before each forward with the window's token count (CPU: BLAS thread policy)."""
