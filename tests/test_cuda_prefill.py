@@ -145,10 +145,3 @@ def test_prefill_tiles_match_one_tile():
     small.linear(tid, w, rows, k, x, out=out)
     # same products; cuBLAS may pick another reduction order for 40-row tiles
     assert _rel(cp.asnumpy(out).astype(np.float64), cp.asnumpy(whole).astype(np.float64)) < 1e-6
-
-
-def test_prefer_never_below_nine_columns():
-    for tid in TYPES:
-        for n in (1, 8):
-            assert not PrefillPath.prefer(tid, n, 4096, 14336)
-        assert PrefillPath.prefer(tid, 4096, 4096, 14336)

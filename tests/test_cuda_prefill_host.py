@@ -1,7 +1,8 @@
 """The device dequantizer's chunk expansion (strata/kernels/cuda/dequant_chunk.cuh) compiled for
 the CPU with g++ under the host emulation of the device helpers, checked bit-exact against
 strata.kernels.dequant on fresh random valid blocks of every type it serves (quantized and
-F32/F16/BF16), whole rows through Dequant<ID>::chunk. Runs without a GPU; skips without g++.
+F32/F16/BF16), whole rows through Dequant<ID>::chunk (skips without g++); and
+PrefillPath.prefer against its crossover table. Runs without a GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from strata.kernels.random_blocks import random_blocks
 
 CUDA_DIR = Path(__file__).resolve().parents[1] / "strata" / "kernels" / "cuda"
 GXX = shutil.which("g++")
-pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
+needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not found")
 
 # What mmvq_common.cuh provides beyond host_emulation.h, for the chunk expansion.
 EXTRA = """
@@ -71,6 +72,7 @@ def expander(tmp_path_factory):
     return d
 
 
+@needs_gxx
 def test_chunk_expansion_bit_exact(expander):
     from strata.kernels.cuda.dequant import supported_types
 
@@ -89,3 +91,16 @@ def test_chunk_expansion_bit_exact(expander):
         if run.returncode or got.shape != ref.shape or not np.array_equal(got, ref, equal_nan=True):
             bad.append(t.name)
     assert not bad, f"chunk expansion differs from strata.kernels.dequant: {bad}"
+
+
+def test_prefer_follows_the_crossover_table():
+    from strata.backend.cuda_prefill import MAX_MMVQ_COLS, PrefillPath, crossover
+    from strata.kernels.cuda.dequant import supported_types
+
+    for tid in supported_types():
+        for rows, k in ((576, 1536), (4096, 14336)):
+            c = crossover(tid, rows, k)
+            assert c > MAX_MMVQ_COLS  # up to 8 columns one MMVQ launch always wins
+            for n in (1, MAX_MMVQ_COLS, c - 1):
+                assert not PrefillPath.prefer(tid, n, rows, k)
+            assert PrefillPath.prefer(tid, c, rows, k) and PrefillPath.prefer(tid, 4096, rows, k)

@@ -24,9 +24,11 @@ from strata.kernels.ggml_types import type_by_id
 
 MAX_MMVQ_COLS = 8  # strata.kernels.cuda.mmvq.MAX_COLS (not imported: keeps this module CuPy-free)
 
-# Scratch for one tile of widened weights. Tiles are whole rows; a tile that fits in the 60 MB
-# L2 next to the activations is still there when the GEMM reads it.
-DEFAULT_SCRATCH_BYTES = 32 << 20
+# Scratch for one tile of widened weights (whole rows). Each tile costs a dequant launch and a
+# GEMM call (~80 us of host time per tile, eager), so tiles are large: 128 MiB holds a 4096 x
+# 14336 weight in one tile. H200 run (docs/notes/gpu-runs.md, prefill run 1), Q4_K 14336x4096,
+# n=512: 8 MiB (14 tiles) 1.21 ms, 32 MiB (4) 0.39 ms, 64 MiB (2) 0.25 ms, 128 MiB (1) 0.18 ms.
+DEFAULT_SCRATCH_BYTES = 128 << 20
 
 # Smallest window (columns) at which dequant + GEMM beats MMVQ launches of 8 columns, per type,
 # for small weights (rows * k < SMALL_WEIGHTS) and large ones. Placeholder until the H200
@@ -109,20 +111,22 @@ class PrefillPath:
         for r0 in range(0, rows, tr):
             r1 = min(rows, r0 + tr)
             tile = w16[: (r1 - r0) * k].reshape(r1 - r0, k)
-            dequant.dequantize_rows_f16(type_id, w[r0:r1], r1 - r0, k, out=tile)
+            # the checked wrapper's launch (blocks and tile were checked above)
+            dequant._launch(type_id, w[r0:r1], row_bytes, k, r1 - r0, None, r1 - r0, tile)
             self._gemm(tile, x16, out, r0, r1 - r0, k)
         return out
 
     def _gemm(self, w16, x16, out, r0: int, m: int, k: int) -> None:
         """out[:, r0:r0+m] = x16 @ w16.T with float32 accumulation. Column-major view: out^T
-        (rows x n, ld rows) = W (m x k, stored as k x m: op T) times x^T (k x n, ld k)."""
+        (rows x n, ld rows) = W (m x k, stored as k x m: op T) times x^T (k x n, ld k).
+        CuPy's cuBLAS wrappers refuse to run during stream capture: not graph-capturable."""
         from cupy.cuda import cublas
 
-        cp = self.cp
         n, rows = out.shape
-        handle = cp.cuda.device.get_cublas_handle()
+        handle = self.cp.cuda.device.get_cublas_handle()
         mode = cublas.getPointerMode(handle)
-        cublas.setPointerMode(handle, _POINTER_MODE_HOST)
+        if mode != _POINTER_MODE_HOST:
+            cublas.setPointerMode(handle, _POINTER_MODE_HOST)
         try:
             cublas.gemmEx(handle, _OP_T, _OP_N, m, n, k,
                           self._alpha.ctypes.data, w16.data.ptr, _R_16F, k,
@@ -130,4 +134,5 @@ class PrefillPath:
                           self._beta.ctypes.data, out.data.ptr + 4 * r0, _R_32F, rows,
                           _COMPUTE_32F, _GEMM_DEFAULT)
         finally:
-            cublas.setPointerMode(handle, mode)
+            if mode != _POINTER_MODE_HOST:
+                cublas.setPointerMode(handle, mode)

@@ -43,6 +43,7 @@ def _cp():
     return cupy
 
 
+@functools.cache
 def supported_types() -> tuple[int, ...]:
     from strata.kernels.cuda import mmvq
 
