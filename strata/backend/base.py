@@ -11,7 +11,10 @@ overrides them where it has something faster (fused kernels on the GPU).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
+
+import numpy as np
 
 
 class TensorSource(Protocol):
@@ -22,6 +25,21 @@ class TensorSource(Protocol):
     shape: tuple[int, ...]  # ggml order: ne0 (row length) first
 
     def data(self) -> Any: ...  # uint8 array of the raw blocks
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    base: float
+    dim: int  # features rotated per head
+    scale: float  # linear position scaling
+    neox: bool  # pairs (i, i + dim/2) instead of (2i, 2i + 1)
+
+
+def window_positions(spans: Sequence[Any]) -> np.ndarray:
+    """Absolute positions (n,) int64 of a window's tokens, span after span."""
+    if not spans:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(s.start, s.start + s.count, dtype=np.int64) for s in spans])
 
 
 class Backend(ABC):
@@ -62,6 +80,12 @@ class Backend(ABC):
     def window(self, n_tokens: int) -> None:
         """Called before each forward with the window's token count (CPU: BLAS thread policy)."""
 
+    def begin_window(self, spans: Sequence[Any]) -> Any:
+        """Called once per window (main model or draft) after the caches have room; returns
+        the positions (n,) on the device. Spans are Span(cache, start, count)."""
+        self.window(int(sum(sp.count for sp in spans)))
+        return self.asarray(window_positions(spans))
+
     def free_bytes(self) -> int | None:
         """Memory still free on the device for per-slot state (None: unknown)."""
         return None
@@ -74,6 +98,47 @@ class Backend(ABC):
         return a
 
     # ---- element-wise and attention ops (any xp) -----------------------------------
+    def add_rms_norm(self, x: Any, y: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        """(x + y, rms_norm(x + y)); y None means no add. Backends fuse the add, the norm and
+        the quantization of the normed rows for the linear that follows."""
+        if y is not None:
+            x = x + y
+        return x, self.rms_norm(x, weight, eps)
+
+    def attend(self, layer: int, q: Any, k: Any, v: Any, spans: Sequence[Any], positions: Any,
+               rope: RopeParams) -> Any:
+        """Rotate q and k, append k and v to each span's cache at `layer`, and attend each
+        span's queries over its cache. q (n, n_head, d), k and v (n, n_kv, d). -> (n, n_head * d)."""
+        xp = self.xp
+        kw = dict(base=rope.base, dim=rope.dim, scale=rope.scale, neox=rope.neox)
+        q = self.rope(q, positions, **kw)
+        k = self.rope(k, positions, **kw)
+        outs, off = [], 0
+        for sp in spans:
+            sl = slice(off, off + sp.count)
+            sp.cache.write(layer, sp.start, k[sl], v[sl])
+            kk, vv = sp.cache.read(layer, sp.start + sp.count)
+            outs.append(self.attention(q[sl], kk, vv, positions[sl]))
+            off += sp.count
+        return outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=0)
+
+    def route(self, logits: Any, k: int, normalize: bool) -> tuple[Any, Any]:
+        """MoE routing: softmax over experts, the k most probable (ties: lower id), their
+        probabilities (renormalised to sum 1 when `normalize`). -> ids (n, k), weights (n, k)."""
+        xp = self.xp
+        p = xp.exp(logits - logits.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        # stable on numpy so ties pick the lower expert id, as the reference does
+        ids = (xp.argsort(-p, axis=-1, kind="stable") if xp is np else xp.argsort(-p, axis=-1))[:, :k]
+        w = xp.take_along_axis(p, ids, axis=-1)
+        if normalize:
+            w = w / w.sum(axis=-1, keepdims=True)
+        return ids, w
+
+    def combine_experts(self, d: Any, w: Any) -> Any:
+        """d (n, k, n_embd) expert outputs, w (n, k) -> (n, n_embd) weighted sum."""
+        return (d * w[:, :, None].astype(d.dtype)).sum(axis=1)
+
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
         xp = self.xp
         var = xp.mean(x * x, axis=-1, keepdims=True)

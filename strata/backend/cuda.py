@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from strata.backend.base import Backend, TensorSource
+from strata.backend.base import Backend, RopeParams, TensorSource, window_positions
 from strata.kernels.dequant import dequantize, dequantize_rows
 from strata.kernels.ggml_types import type_by_id, type_by_name
 
@@ -82,6 +82,14 @@ class CudaBackend(Backend):
         self.fused = fused_enabled() if fused is None else fused
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
+        self._q8_memo: tuple[Any, Any] | None = None  # (activations, their Q8Buffer)
+        self._win = None  # the current window's table on the device (fused path)
+        self._win_static = None  # set by the graph runner: the table buffer a graph reads
+        self.splits = 1  # attention key splits of the current window
+        self.n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+        from strata.backend.cuda_graphs import WindowGraphs, graphs_enabled
+
+        self.graphs = WindowGraphs(self) if self.fused and graphs_enabled() else None
 
     # ---- weights ----------------------------------------------------------------------
     def _part(self, src: TensorSource) -> _Part:
@@ -152,11 +160,18 @@ class CudaBackend(Backend):
         outs = [self._one(p, x) for p in w.parts]
         return outs[0] if len(outs) == 1 else self.xp.concatenate(outs, axis=1)
 
+    def _memo(self, x: Any):
+        """The Q8_1 blocks a fused kernel made along with x (norm, swiglu), if x is that array."""
+        m = self._q8_memo
+        return m[1] if m is not None and m[0] is x else None
+
     def _linear_fused(self, w: CudaLinear, x: Any) -> Any:
         cp = self.xp
+        q8 = self._memo(x)
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n = x.shape[0]
-        q8 = self._quantize(x) if w.needs_q8 else None  # once, shared by every part
+        if q8 is None and w.needs_q8:
+            q8 = self._quantize(x)  # once, shared by every part
         if len(w.parts) == 1:
             return self._run(w.parts[0], x, q8, None)
         if n == 1:  # a column slice of one row is contiguous: parts write in place
@@ -214,6 +229,13 @@ class CudaBackend(Backend):
         return y if y is not None else super().rms_norm(x, weight, eps)
 
     def swiglu(self, gate: Any, up: Any) -> Any:
+        if self.fused and gate.shape[-1] % self._mmvq.QK == 0:
+            rows = gate.size // gate.shape[-1]
+            q8 = self._mmvq.empty_q8(rows, int(gate.shape[-1]))
+            y = self._fk.swiglu_q8(gate, up, q8)
+            if y is not None:
+                self._q8_memo = (y, q8)  # the down projection reads these rows next
+                return y
         y = self._fk.swiglu(gate, up) if self.fused else None
         return y if y is not None else super().swiglu(gate, up)
 
@@ -225,26 +247,119 @@ class CudaBackend(Backend):
         y = self._fk.attention(q, k, v, q_positions) if self.fused else None
         return y if y is not None else super().attention(q, k, v, q_positions)
 
+    # ---- window ops: the decode path a CUDA graph captures ------------------------------
+    def begin_window(self, spans: Sequence[Any]) -> Any:
+        """Uploads the window table (fused.cu) unless a graph runner filled its own buffer;
+        returns the positions, the table's first n entries."""
+        self._q8_memo = None
+        n = int(sum(sp.count for sp in spans))
+        if not self.fused or not self._cuda_caches(spans):
+            self._win = None
+            return self.xp.asarray(window_positions(spans))
+        if self._win_static is not None:
+            self._win = self._win_static
+        else:
+            self._win = self.xp.asarray(self.window_table(spans))
+            self.splits = self.splits_for(spans)
+        return self._win[:n]
+
+    def _cuda_caches(self, spans: Sequence[Any]) -> bool:
+        fk = self._fk
+        return all(sp.cache.xp is self.xp and sp.cache.d <= fk.KV_MAX_HEAD_DIM for sp in spans)
+
+    def window_table(self, spans: Sequence[Any]) -> np.ndarray:
+        """The window table (see fused.cu) of these spans, on the host."""
+        counts = [int(sp.count) for sp in spans]
+        n, ns = sum(counts), len(spans)
+        tab = np.empty(2 * n + 3 * ns, dtype=np.int64)
+        tab[:n] = window_positions(spans)
+        tab[n : 2 * n] = np.repeat(np.arange(ns), counts)
+        for i, sp in enumerate(spans):
+            tab[2 * n + 3 * i : 2 * n + 3 * i + 3] = (sp.start, sp.start + sp.count, self._cache_table(sp.cache))
+        return tab
+
+    def _cache_table(self, cache: Any) -> int:
+        """Address of the cache's table: capacity, then per layer the addresses of k, v and
+        the int8 scales. Rebuilt when the cache grows (its arrays move)."""
+        memo = getattr(cache, "_cuda_table", None)
+        if memo is None or memo[0] != cache._cap:
+            ptrs = [cache._cap]
+            for layer in range(cache.n_layer):
+                scales = (cache._ks[layer].data.ptr, cache._vs[layer].data.ptr) if cache.kind == "int8" else (0, 0)
+                ptrs += [cache._k[layer].data.ptr, cache._v[layer].data.ptr, *scales]
+            memo = (cache._cap, self.xp.asarray(np.asarray(ptrs, dtype=np.int64)))
+            cache._cuda_table = memo
+        return int(memo[1].data.ptr)
+
+    def splits_for(self, spans: Sequence[Any]) -> int:
+        """Attention key splits: enough (head, token, split) blocks to fill the GPU twice once
+        the cache is long, one split per 2 chunks of keys at most; a power of two (graph key)."""
+        longest = max(int(sp.start + sp.count) for sp in spans)
+        heads = getattr(self, "_n_head", 32) * int(sum(sp.count for sp in spans))
+        want = min(-(-longest // (2 * self._fk.ATT_CHUNK)), max(1, 2 * self.n_sm // max(heads, 1)), 64)
+        return 1 << max(0, int(want).bit_length() - 1) if want > 1 else 1
+
+    def attend(self, layer: int, q: Any, k: Any, v: Any, spans: Sequence[Any], positions: Any,
+               rope: RopeParams) -> Any:
+        if self._win is None:
+            return super().attend(layer, q, k, v, spans, positions, rope)
+        fk = self._fk
+        self._n_head = int(q.shape[1])
+        int8 = spans[0].cache.kind == "int8"
+        qr = fk.rope_kv_write(q, k, v, self._win, layer, int8, base=rope.base, dim=rope.dim,
+                              scale=rope.scale, neox=rope.neox)
+        return fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits)
+
+    def add_rms_norm(self, x: Any, y: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        cp = self.xp
+        n = int(x.shape[-1])
+        if not self.fused or x.ndim != 2 or x.dtype != cp.float32 or (y is not None and y.shape != x.shape):
+            return super().add_rms_norm(x, y, weight, eps)
+        x = cp.ascontiguousarray(x)
+        y = cp.ascontiguousarray(y, dtype=cp.float32) if y is not None else None
+        q8 = self._mmvq.empty_q8(x.shape[0], n) if n % self._mmvq.QK == 0 else None
+        x, h = self._fk.add_rms_norm_q8(x, y, weight, eps, q8)
+        self._q8_memo = (h, q8) if q8 is not None else None
+        return x, h
+
+    def route(self, logits: Any, k: int, normalize: bool) -> tuple[Any, Any]:
+        r = self._fk.moe_route(logits, k, normalize) if self.fused else None
+        return r if r is not None else super().route(logits, k, normalize)
+
+    def combine_experts(self, d: Any, w: Any) -> Any:
+        y = self._fk.moe_combine(d, w) if self.fused else None
+        return y if y is not None else super().combine_experts(d, w)
+
     def linear_experts(self, w: CudaExperts, x: Any, expert_ids: Any) -> Any:
         cp = self.xp
+        q8 = self._memo(x)
         ids = cp.asarray(expert_ids, dtype=cp.int32)
         n, k = ids.shape
         if x.ndim == 3:  # one input row per (token, expert): flatten to n*k columns of 1 expert
             flat_x = cp.ascontiguousarray(x.reshape(n * k, -1), dtype=cp.float32)
+            if q8 is not None:
+                self._q8_memo = (flat_x, q8)
             return self.linear_experts(w, flat_x, ids.reshape(n * k, 1)).reshape(n, k, -1)
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         if w.native:
-            return self._mmvq.mmvq_experts(w.type_id, w.blocks, ids, x)
+            if q8 is None and w.type_id not in self._mmvq.FLOAT_TYPES:
+                q8 = self._quantize(x)
+                self._q8_memo = (x, q8)  # gate and up read the same rows
+            return self._mmvq.mmvq_experts(w.type_id, w.blocks, ids, x, q8=q8)
         sel = w.blocks[ids].astype(cp.float32)  # (n, k, rows, in)
         return cp.einsum("nkri,ni->nkr", sel, x)
 
     def embed(self, table: CudaEmbedding, token_ids) -> Any:
+        return self.xp.asarray(self.embed_host(table, token_ids))
+
+    def embed_host(self, table: CudaEmbedding, token_ids) -> np.ndarray:
+        """Embedding rows dequantized on the host (n, n_embd) float32: a few rows per window."""
         ids = np.asarray(token_ids if isinstance(token_ids, np.ndarray) else self.to_host(token_ids), dtype=np.int64)
         src = table.source
         t = type_by_id(src.ggml_type)
         rb = t.row_bytes(table.row_len)
         raw = np.asarray(src.data()).reshape(-1, rb)[ids]
-        return self.xp.asarray(dequantize_rows(src.ggml_type, raw))
+        return dequantize_rows(src.ggml_type, raw)
 
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         return self.xp.asarray(a, dtype=dtype)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from strata.backend.base import Backend, TensorSource
+from strata.backend.base import Backend, RopeParams, TensorSource
 from strata.errors import StrataError
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
@@ -110,10 +110,14 @@ class BlockRunner:
         self.b = backend
         self.cfg = cfg
 
-    def block(self, bw: BlockWeights, layer: int, x: Any, spans: Sequence[Span], positions: Any) -> Any:
-        b, c, xp = self.b, self.cfg, self.b.xp
+    def block(self, bw: BlockWeights, layer: int, x: Any, y: Any, spans: Sequence[Span],
+              positions: Any) -> tuple[Any, Any]:
+        """One block. The residual stream arrives as x + y, y being the previous block's output
+        not yet added (None before the first block): the add is left to the next norm so a
+        backend can fuse add, norm and activation quantization. Returns (x, y) the same way."""
+        b, c = self.b, self.cfg
         n = x.shape[0]
-        h = b.rms_norm(x, bw.attn_norm, c.rms_eps)
+        x, h = b.add_rms_norm(x, y, bw.attn_norm, c.rms_eps)
         qkv = b.linear(bw.wqkv, h)
         if bw.qkv_bias is not None:
             qkv = qkv + bw.qkv_bias
@@ -123,46 +127,22 @@ class BlockRunner:
         if bw.q_norm is not None:
             q = b.rms_norm(q, bw.q_norm, c.rms_eps)
             k = b.rms_norm(k, bw.k_norm, c.rms_eps)
-        rope = dict(base=c.rope_base, dim=c.rope_dim, scale=c.rope_scale, neox=c.traits.rope_neox)
-        q = b.rope(q, positions, **rope)
-        k = b.rope(k, positions, **rope)
-        outs = []
-        off = 0
-        for sp in spans:
-            sl = slice(off, off + sp.count)
-            sp.cache.write(layer, sp.start, k[sl], v[sl])
-            kk, vv = sp.cache.read(layer, sp.start + sp.count)
-            outs.append(b.attention(q[sl], kk, vv, positions[sl]))
-            off += sp.count
-        att = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=0)
-        x = x + b.linear(bw.wo, att)
-        h = b.rms_norm(x, bw.ffn_norm, c.rms_eps)
+        rope = RopeParams(c.rope_base, c.rope_dim, c.rope_scale, c.traits.rope_neox)
+        att = b.attend(layer, q, k, v, spans, positions, rope)
+        x, h = b.add_rms_norm(x, b.linear(bw.wo, att), bw.ffn_norm, c.rms_eps)
         if bw.router is None:
             gu = b.linear(bw.wgate_up, h)
-            y = b.linear(bw.wdown, b.swiglu(gu[:, : c.n_ff], gu[:, c.n_ff :]))
-        else:
-            y = self._moe(bw, h)
-        return x + y
+            return x, b.linear(bw.wdown, b.swiglu(gu[:, : c.n_ff], gu[:, c.n_ff :]))
+        return x, self._moe(bw, h)
 
     def _moe(self, bw: BlockWeights, h: Any) -> Any:
-        b, c, xp = self.b, self.cfg, self.b.xp
+        b, c = self.b, self.cfg
         logits = b.linear(bw.router, h)  # (n, n_expert)
-        p = xp.exp(logits - logits.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        k = c.n_expert_used
-        # stable on numpy so ties pick the lower expert id, as the reference does (cupy sorts stably too)
-        ids = (xp.argsort(-p, axis=-1, kind="stable") if xp is np else xp.argsort(-p, axis=-1))[:, :k]
-        w = xp.take_along_axis(p, ids, axis=-1)
-        if c.norm_topk:
-            w = w / w.sum(axis=-1, keepdims=True)
+        ids, w = b.route(logits, c.n_expert_used, c.norm_topk)
         g = b.linear_experts(bw.gate_exps, h, ids)
         u = b.linear_experts(bw.up_exps, h, ids)
         d = b.linear_experts(bw.down_exps, b.swiglu(g, u), ids)  # (n, k, n_embd)
-        return (d * w[:, :, None].astype(d.dtype)).sum(axis=1)
-
-
-def positions_of(xp: Any, spans: Sequence[Span]) -> Any:
-    return xp.asarray(np.concatenate([np.arange(s.start, s.start + s.count) for s in spans]).astype(np.int64))
+        return b.combine_experts(d, w)
 
 
 class Transformer:
@@ -199,21 +179,36 @@ class Transformer:
     def forward(self, tokens: Any, spans: Sequence[Span]) -> Any:
         """Run a window; returns the final-normed hidden states (n, n_embd).
 
-        Caches advance: each span's cache.length becomes start + count.
+        Caches advance: each span's cache.length becomes start + count. A backend with window
+        graphs (CUDA) replays a captured graph of `run_window` for windows it takes.
         """
         b = self.b
-        b.window(int(sum(sp.count for sp in spans)))
         for sp in spans:
             if sp.start != sp.cache.length:
                 raise RuntimeError(f"span starts at {sp.start} but its cache holds {sp.cache.length}")
             sp.cache.ensure(sp.start + sp.count)
-        x = b.embed(self.embd, tokens)
-        pos = positions_of(b.xp, spans)
-        for i, bw in enumerate(self.blocks):
-            x = self.runner.block(bw, i, x, spans, pos)
+        graphs = getattr(b, "graphs", None)
+        if graphs is not None and graphs.takes(spans):
+            out = graphs.run(self, tokens, spans)
+        else:
+            out = self.run_window(b.embed(self.embd, tokens), spans)
         for sp in spans:
             sp.cache.length = sp.start + sp.count
-        return b.rms_norm(x, self.output_norm, self.cfg.rms_eps)
+        return out
+
+    def run_window(self, x: Any, spans: Sequence[Span]) -> Any:
+        """The device work of a window from its embedded tokens x (n, n_embd): blocks, then
+        the final norm. Reads spans only through b.begin_window (what a graph captures)."""
+        x, y = self.run_blocks(x, spans)
+        return self.b.add_rms_norm(x, y, self.output_norm, self.cfg.rms_eps)[1]
+
+    def run_blocks(self, x: Any, spans: Sequence[Span]) -> tuple[Any, Any]:
+        """All blocks; the residual stream after the last one is x + y (see BlockRunner.block)."""
+        pos = self.b.begin_window(spans)
+        y = None
+        for i, bw in enumerate(self.blocks):
+            x, y = self.runner.block(bw, i, x, y, spans, pos)
+        return x, y
 
     def logits(self, hidden: Any) -> Any:
         return self.b.linear(self.output, hidden)

@@ -20,7 +20,7 @@ from strata.backend.base import Backend
 from strata.errors import StrataError
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
-from strata.model.transformer import BlockRunner, Span, Transformer, _expect, load_block, positions_of
+from strata.model.transformer import BlockRunner, Span, Transformer, _expect, load_block
 
 NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 
@@ -124,7 +124,8 @@ class DraftModel:
         spans = [Span(cache, cache.length, int(np.asarray(t).size)) for cache, t, _ in items]
         for sp in spans:
             sp.cache.ensure(sp.start + sp.count)
-        out = self.runner.block(self.block, 0, x, spans, positions_of(xp, spans))
+        x, y = self.runner.block(self.block, 0, x, None, spans, b.begin_window(spans))
+        out = x + y
         for sp in spans:
             sp.cache.length = sp.start + sp.count
         return out

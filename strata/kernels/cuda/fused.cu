@@ -172,3 +172,375 @@ extern "C" __global__ void attention_f32(const float* __restrict__ q, const floa
         }
     }
 }
+
+// ================================================================ decode-window kernels
+// Kernels that read everything a window changes (positions, which cache a token belongs to,
+// cache lengths and addresses) from one int64 device array, the window table, so that one
+// captured CUDA graph serves every window of the same shape (FACTS.md: per-step scalars go
+// through device buffers, not kernel arguments).
+//
+// Window table `win` for n tokens in S spans:
+//   win[t]            position of token t               (t < n)
+//   win[n + t]        span of token t
+//   win[2n + 3s + 0]  first position the window writes in span s
+//   win[2n + 3s + 1]  end: positions [0, end) hold keys once the window's keys are written
+//   win[2n + 3s + 2]  address of the span's cache table (int64):
+//                       tab[0] = capacity (positions per head row);
+//                       tab[1 + 4 * layer + {0,1,2,3}] = addresses of k, v (n_kv, cap, d)
+//                       f16 or int8, and of the int8 scales ks, vs (n_kv, cap) float32.
+
+typedef signed char i8;
+typedef unsigned short u16;
+typedef long long i64;
+
+__device__ __forceinline__ u16 f2h_rn(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// One warp quantizes 32 consecutive values (lane = value) to a Q8_1 block, exactly as
+// quantize_q8_1 in mmvq_kernels.cuh: d = amax / 127, q = round(v / d), packed 16-value sums.
+__device__ __forceinline__ void quant_block32(float v, int blk, i8* q8, int* meta, float* s_out) {
+    const int lane = threadIdx.x & 31;
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const int q = d == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
+    int lo = lane < 16 ? q : 0, hi = lane < 16 ? 0 : q;
+    for (int o = 16; o > 0; o >>= 1) {
+        lo += __shfl_xor_sync(FULL_MASK, lo, o);
+        hi += __shfl_xor_sync(FULL_MASK, hi, o);
+    }
+    q8[(size_t)blk * 32 + lane] = (i8)q;
+    if (lane == 0) {
+        meta[2 * (size_t)blk] = __float_as_int(d);
+        meta[2 * (size_t)blk + 1] = (lo & 0xFFFF) | (hi << 16);
+        s_out[blk] = __fmul_rn(d, (float)(lo + hi));
+    }
+}
+
+// x_out = x + y (y may be null: no add), h = rms_norm(x_out) * w, and h quantized to Q8_1
+// blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row;
+// the sum of squares runs in rms_norm_f32's order, so h has its bits exactly.
+extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const float* __restrict__ y,
+                                           const float* __restrict__ w, float* __restrict__ x_out,
+                                           float* __restrict__ h, int n, float eps, i8* __restrict__ q8,
+                                           int* __restrict__ meta, float* __restrict__ s_out) {
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    const float* xr = x + row * n;
+    const float* yr = y ? y + row * n : nullptr;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
+        if (yr) x_out[row * n + i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, scratch);
+    const float denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps));
+    if (!q8) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
+            h[row * n + i] = __fmul_rn(__fdiv_rn(v, denom), w[i]);
+        }
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nb = n / 32;
+    for (int b = warp; b < nb; b += nw) {
+        const int i = b * 32 + lane;
+        const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
+        const float hv = __fmul_rn(__fdiv_rn(v, denom), w[i]);
+        h[row * n + i] = hv;
+        quant_block32(hv, (int)(row * nb + b), q8, meta, s_out);
+    }
+}
+
+// swiglu_f32 plus the Q8_1 blocks of its output (cols a multiple of 32): one warp per block.
+extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* __restrict__ u,
+                                     float* __restrict__ y, int rows, int cols, long long gs, long long us,
+                                     i8* __restrict__ q8, int* __restrict__ meta, float* __restrict__ s_out) {
+    const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (blk >= (long long)rows * cols / 32) return;
+    const long long idx = blk * 32 + (threadIdx.x & 31);
+    const long long r = idx / cols, c = idx % cols;
+    const float gv = g[r * gs + c], uv = u[r * us + c];
+    const float v = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+    y[idx] = v;
+    quant_block32(v, (int)blk, q8, meta, s_out);
+}
+
+// RoPE angle pieces as rope_f32 computes them (float64, then rounded to float32).
+__device__ __forceinline__ void rope_cs(long long pos, int i, int dim, double base, double scale, float& c, float& s) {
+    const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
+    const double ang = ((double)pos / scale) * inv;
+    c = (float)cos(ang);
+    s = (float)sin(ang);
+}
+
+// Element e of a head row xr after RoPE (rope_f32's formula, same bits).
+__device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, long long pos, double base,
+                                           double scale, int neox) {
+    if (e >= dim) return xr[e];
+    const int half = dim / 2;
+    int i;
+    bool first;
+    float a, b;
+    if (neox) {
+        first = e < half;
+        i = first ? e : e - half;
+        a = xr[i];
+        b = xr[i + half];
+    } else {
+        first = (e & 1) == 0;
+        i = e >> 1;
+        a = xr[2 * i];
+        b = xr[2 * i + 1];
+    }
+    float c, s;
+    rope_cs(pos, i, dim, base, scale, c, s);
+    return first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+#define KV_MAX_PER_LANE 8  // head_dim <= 256
+
+// RoPE of q and k, and k, v appended to the caches: one warp per (token, head) over the
+// n_head query heads, then n_kv key heads, then n_kv value heads. q/k/v rows are given with
+// element strides per token and per head (views into the qkv output, or normed copies).
+// q_out (n, n_head, d) contiguous. int8 caches: one scale per (head, position), amax / 127,
+// q = rint(v / scale) clipped to +-127 (strata.model.kv_cache's math).
+extern "C" __global__ void rope_kv_write(const float* __restrict__ q, long long q_ts, long long q_hs,
+                                         const float* __restrict__ k, long long k_ts, long long k_hs,
+                                         const float* __restrict__ v, long long v_ts, long long v_hs,
+                                         float* __restrict__ q_out, const long long* __restrict__ win,
+                                         int n, int n_head, int n_kv, int d, int layer, int int8_cache,
+                                         int dim, double base, double scale, int neox) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int hh = blockIdx.y * (blockDim.x >> 5) + warp;
+    const int t = blockIdx.x;
+    if (hh >= n_head + 2 * n_kv) return;
+    const long long pos = win[t];
+    if (hh < n_head) {
+        const float* xr = q + t * q_ts + hh * q_hs;
+        float* o = q_out + ((size_t)t * n_head + hh) * d;
+        for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, pos, base, scale, neox);
+        return;
+    }
+    const bool is_k = hh < n_head + n_kv;
+    const int h = is_k ? hh - n_head : hh - n_head - n_kv;
+    const float* xr = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+    const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
+    const long long cap = tab[0];
+    const size_t at = ((size_t)h * cap + pos) * d;
+    float vals[KV_MAX_PER_LANE];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        vals[j] = 0.f;
+        if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, pos, base, scale, neox) : xr[e];
+        amax = fmaxf(amax, fabsf(vals[j]));
+    }
+    const int which = is_k ? 0 : 1;
+    if (!int8_cache) {
+        u16* dst = (u16*)tab[1 + 4 * layer + which] + at;
+#pragma unroll
+        for (int j = 0; j < KV_MAX_PER_LANE; ++j)
+            if (lane + 32 * j < d) dst[lane + 32 * j] = f2h_rn(vals[j]);
+        return;
+    }
+    amax = warp_max(amax);
+    const float sc = amax > 0.f ? __fdiv_rn(amax, 127.0f) : 1.0f;
+    i8* dst = (i8*)tab[1 + 4 * layer + which] + at;
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j)
+        if (lane + 32 * j < d) dst[lane + 32 * j] = (i8)fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(vals[j], sc))));
+    if (lane == 0) ((float*)tab[1 + 4 * layer + 2 + which])[(size_t)h * cap + pos] = sc;
+}
+
+#define ATT_CHUNK 256  // keys scored at once per thread block (shared memory)
+
+// One key or value element of a cache row as float32.
+__device__ __forceinline__ float kv_elem(const void* base, const float* scales, size_t row, int d, int e,
+                                         int int8_cache) {
+    if (int8_cache) return (float)((const i8*)base)[row * d + e] * scales[row];
+    return h2f(((const u16*)base)[row * d + e]);
+}
+
+// Causal attention of each window token over its span's cache, straight from the f16 or int8
+// storage. Grid (n_head, n, splits); block 128 threads. Block z takes the key chunks z,
+// z + splits, ... of [0, pos + 1) with an online softmax; with one split it writes the
+// normalised output, else (m, l, acc[d]) partials that attention_kv_merge combines. Any
+// number of splits is correct for any length (the graph of a window shape keeps its own).
+extern "C" __global__ void attention_kv(const float* __restrict__ q, const long long* __restrict__ win,
+                                        int n, int n_head, int n_kv, int d, int layer, int int8_cache,
+                                        float scale, float* __restrict__ out, float* __restrict__ partials) {
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float scratch[32];
+    __shared__ float red[256];
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int kvh = h / (n_head / n_kv);
+    const long long pos = win[t];
+    const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
+    const long long cap = tab[0];
+    const void* K = (const void*)tab[1 + 4 * layer + 0];
+    const void* V = (const void*)tab[1 + 4 * layer + 1];
+    const float* KS = (const float*)tab[1 + 4 * layer + 2];  // null for f16 caches (never read)
+    const float* VS = (const float*)tab[1 + 4 * layer + 3];
+    const size_t row0 = (size_t)kvh * cap;
+    const long long L = pos + 1;
+    float qr[KV_MAX_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        qr[j] = e < d ? q[((size_t)t * n_head + h) * d + e] : 0.f;
+    }
+    // p @ v: thread (part, dim) sums keys part, part + parts, ... of a chunk for dims dim, dim + 128
+    const int parts = d <= (int)blockDim.x ? blockDim.x / d : 1;
+    const int part = threadIdx.x / d, dim = threadIdx.x % d;
+    const bool active = part < parts;
+    float acc0 = 0.f, acc1 = 0.f, m = NEG_INF, l = 0.f;
+    for (long long j0 = (long long)z * ATT_CHUNK; j0 < L; j0 += (long long)splits * ATT_CHUNK) {
+        const int nk = (int)min((long long)ATT_CHUNK, L - j0);
+        for (int jj = warp; jj < nk; jj += nw) {
+            const size_t row = row0 + j0 + jj;
+            float a = 0.f;
+#pragma unroll
+            for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
+                const int e = lane + 32 * j;
+                if (e < d) a = fmaf(qr[j], kv_elem(K, KS, row, d, e, int8_cache), a);
+            }
+            a = warp_sum(a);
+            if (lane == 0) sc[jj] = __fmul_rn(a, scale);
+        }
+        __syncthreads();
+        float cm = NEG_INF;
+        for (int jj = threadIdx.x; jj < nk; jj += blockDim.x) cm = fmaxf(cm, sc[jj]);
+        cm = block_max(cm, scratch);
+        const float mn = fmaxf(m, cm);
+        const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
+        float ps = 0.f;
+        for (int jj = threadIdx.x; jj < nk; jj += blockDim.x) {
+            const float e = expf(__fsub_rn(sc[jj], mn));
+            sc[jj] = e;
+            ps += e;
+        }
+        ps = block_sum(ps, scratch);  // its barriers publish sc
+        l = l * corr + ps;
+        acc0 *= corr;
+        acc1 *= corr;
+        m = mn;
+        if (active) {
+            for (int jj = part; jj < nk; jj += parts) {
+                const size_t row = row0 + j0 + jj;
+                acc0 = fmaf(sc[jj], kv_elem(V, VS, row, d, dim, int8_cache), acc0);
+                if (dim + 128 < d) acc1 = fmaf(sc[jj], kv_elem(V, VS, row, d, dim + 128, int8_cache), acc1);
+            }
+        }
+        __syncthreads();  // sc is rewritten by the next chunk
+    }
+    // sum the parts of each dimension
+    red[threadIdx.x] = active ? acc0 : 0.f;
+    __syncthreads();
+    const int nd = d < (int)blockDim.x ? d : blockDim.x;
+    if (threadIdx.x < nd) {
+        float r0 = 0.f;
+        for (int pp = 0; pp < parts; ++pp) r0 += red[pp * d + threadIdx.x];
+        const size_t o = ((size_t)t * n_head + h) * d;
+        if (splits == 1) {
+            out[o + threadIdx.x] = __fdiv_rn(r0, l);
+            if (threadIdx.x + 128 < d) out[o + threadIdx.x + 128] = __fdiv_rn(acc1, l);
+        } else {
+            float* pr = partials + (((size_t)t * n_head + h) * splits + z) * (d + 2);
+            pr[2 + threadIdx.x] = r0;
+            if (threadIdx.x + 128 < d) pr[2 + threadIdx.x + 128] = acc1;
+            if (threadIdx.x == 0) {
+                pr[0] = m;
+                pr[1] = l;
+            }
+        }
+    }
+}
+
+// Combine attention_kv's split partials: grid (n_head, n), block 128.
+extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,
+                                              float* __restrict__ out) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float* pr = part + ((size_t)t * n_head + h) * splits * (d + 2);
+    float M = NEG_INF;
+    for (int z = 0; z < splits; ++z) M = fmaxf(M, pr[z * (d + 2)]);
+    float L = 0.f;
+    for (int z = 0; z < splits; ++z) {
+        const float mz = pr[z * (d + 2)];
+        if (mz != NEG_INF) L += pr[z * (d + 2) + 1] * expf(mz - M);
+    }
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+        float a = 0.f;
+        for (int z = 0; z < splits; ++z) {
+            const float mz = pr[z * (d + 2)];
+            if (mz != NEG_INF) a += pr[z * (d + 2) + 2 + e] * expf(mz - M);
+        }
+        out[((size_t)t * n_head + h) * d + e] = __fdiv_rn(a, L);
+    }
+}
+
+// MoE routing, one warp per token: softmax over n_expert logits, the k most probable experts
+// (ties: lower id), their probabilities, renormalised when norm != 0. k <= 32, n_expert <= 1024.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int norm,
+                                     int* __restrict__ ids, float* __restrict__ wout) {
+    __shared__ unsigned taken[32];  // bitmask of chosen experts
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float* lr = logits + (size_t)t * n_expert;
+    float mx = NEG_INF;
+    for (int i = lane; i < n_expert; i += 32) mx = fmaxf(mx, lr[i]);
+    mx = warp_max(mx);
+    float s = 0.f;
+    for (int i = lane; i < n_expert; i += 32) s += expf(__fsub_rn(lr[i], mx));
+    s = warp_sum(s);
+    taken[lane] = 0u;
+    __syncwarp();
+    float wsum = 0.f;
+    for (int j = 0; j < k; ++j) {
+        float best = NEG_INF;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < n_expert; i += 32) {
+            if (taken[i >> 5] & (1u << (i & 31))) continue;
+            const float p = __fdiv_rn(expf(__fsub_rn(lr[i], mx)), s);
+            if (p > best || (p == best && i < bi)) { best = p; bi = i; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(FULL_MASK, best, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
+        }
+        if (lane == 0) {
+            taken[bi >> 5] |= 1u << (bi & 31);
+            ids[(size_t)t * k + j] = bi;
+            wout[(size_t)t * k + j] = best;
+        }
+        wsum += best;
+        __syncwarp();
+    }
+    if (norm && lane < k) {
+        const size_t o = (size_t)t * k + lane;
+        wout[o] = __fdiv_rn(wout[o], wsum);
+    }
+}
+
+// y (n, e) = sum over j of d (n, k, e) * w (n, k), j ascending.
+extern "C" __global__ void moe_combine(const float* __restrict__ dd, const float* __restrict__ w, int n, int k,
+                                       int e, float* __restrict__ y) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n * e) return;
+    const long long t = idx / e, c = idx % e;
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(dd[(t * k + j) * e + c], w[t * k + j]));
+    y[idx] = acc;
+}

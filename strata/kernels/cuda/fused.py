@@ -139,3 +139,114 @@ def attention(q, k, v, q_positions):
         q, k, v, pos, out, np.int32(n_head), np.int32(n_kv), np.int32(L), np.int32(d),
         np.float32(1.0 / float(d) ** 0.5)), shared_mem=smem)
     return out
+
+
+# ---------------------------------------------------------------- decode-window kernels
+# (fused.cu's second half: graph-capturable, everything per window read from the window table)
+KV_MAX_HEAD_DIM = 256
+ATT_CHUNK = 256  # keys per thread block per step of attention_kv (fused.cu ATT_CHUNK)
+
+
+def add_rms_norm_q8(x, y, w, eps: float, q8=None):
+    """(x + y, rms_norm(x + y) * w), and the normed rows quantized into `q8` (an
+    mmvq.Q8Buffer of (rows, n)) when given. x, y contiguous float32 (rows, n); y may be None.
+    Returns (x_out, h); x_out is x itself when y is None."""
+    cp = _cp()
+    n = int(x.shape[-1])
+    rows = x.size // max(n, 1)
+    x_out = x if y is None else cp.empty(x.shape, dtype=cp.float32)
+    h = cp.empty(x.shape, dtype=cp.float32)
+    if rows:
+        threads = 32 if n <= 128 else (128 if n <= 2048 else 256)
+        qargs = (q8.q, q8.meta, q8.s) if q8 is not None else (np.uint64(0),) * 3
+        _fn("add_rms_norm_q8")((rows,), (threads,), (
+            x, y if y is not None else np.uint64(0), w, x_out, h, np.int32(n), np.float32(eps)) + qargs)
+    return x_out, h
+
+
+def swiglu_q8(gate, up, q8):
+    """swiglu(gate, up) and its Q8_1 blocks into q8 (cols a multiple of 32). Same layouts as
+    swiglu(); None when it does not take them."""
+    cp = _cp()
+    if gate.shape != up.shape:
+        return None
+    g, u = _rows_view(gate), _rows_view(up)
+    if g is None or u is None or g[2] % 32:
+        return None
+    (ga, rows, cols, gs), (ua, _, _, us) = g, u
+    y = cp.empty(gate.shape, dtype=cp.float32)
+    blocks = rows * cols // 32
+    if blocks:
+        _fn("swiglu_q8")(((blocks * 32 + _THREADS - 1) // _THREADS,), (_THREADS,), (
+            ga, ua, y, np.int32(rows), np.int32(cols), np.int64(gs), np.int64(us), q8.q, q8.meta, q8.s))
+    return y
+
+
+def _strides(a):
+    """(array, token stride, head stride) in elements of a float32 (t, heads, d) view whose
+    last axis is contiguous."""
+    cp = _cp()
+    if a.dtype != cp.float32 or a.ndim != 3 or a.strides[2] != 4:
+        a = cp.ascontiguousarray(a, dtype=cp.float32)
+    return a, np.int64(a.strides[0] // 4), np.int64(a.strides[1] // 4)
+
+
+def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, dim: int, scale: float, neox: bool):
+    """RoPE of q and k; k and v appended to the caches the window table names (layer
+    `layer`). q (n, n_head, d), k and v (n, n_kv, d) float32 views. -> rotated q contiguous."""
+    cp = _cp()
+    n, n_head, d = (int(s) for s in q.shape)
+    n_kv = int(k.shape[1])
+    qa, qt, qh = _strides(q)
+    ka, kt, kh = _strides(k)
+    va, vt, vh = _strides(v)
+    out = cp.empty((n, n_head, d), dtype=cp.float32)
+    warps = 4
+    heads = n_head + 2 * n_kv
+    _fn("rope_kv_write")((n, -(-heads // warps)), (32 * warps,), (
+        qa, qt, qh, ka, kt, kh, va, vt, vh, out, win, np.int32(n), np.int32(n_head), np.int32(n_kv),
+        np.int32(d), np.int32(layer), np.int32(bool(int8_cache)), np.int32(dim), np.float64(base),
+        np.float64(scale), np.int32(bool(neox))))
+    return out
+
+
+def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int):
+    """Attention of the window's rotated queries q (n, n_head, d) contiguous over their spans'
+    caches, key chunks spread over `splits` thread blocks per (head, token). -> (n, n_head * d)."""
+    cp = _cp()
+    n, n_head, d = (int(s) for s in q.shape)
+    out = cp.empty((n, n_head * d), dtype=cp.float32)
+    part = cp.empty((n, n_head, splits, d + 2), dtype=cp.float32) if splits > 1 else out
+    args = (q, win, np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(layer),
+            np.int32(bool(int8_cache)), np.float32(1.0 / float(d) ** 0.5), out, part)
+    _fn("attention_kv")((n_head, n, splits), (128,), args)
+    if splits > 1:
+        _fn("attention_kv_merge")((n_head, n), (128,), (part, np.int32(n_head), np.int32(d), np.int32(splits), out))
+    return out
+
+
+def moe_route(logits, k: int, normalize: bool):
+    """logits (n, n_expert) float32 contiguous -> ids (n, k) int32, weights (n, k) float32."""
+    cp = _cp()
+    n, n_expert = (int(s) for s in logits.shape)
+    if logits.dtype != cp.float32 or n_expert > 1024 or not 0 < k <= min(32, n_expert):
+        return None
+    logits = cp.ascontiguousarray(logits)
+    ids = cp.empty((n, k), dtype=cp.int32)
+    w = cp.empty((n, k), dtype=cp.float32)
+    if n:
+        _fn("moe_route")((n,), (32,), (logits, np.int32(n_expert), np.int32(k), np.int32(bool(normalize)), ids, w))
+    return ids, w
+
+
+def moe_combine(d, w):
+    """d (n, k, e) float32, w (n, k) float32 -> (n, e): sum over k of d * w."""
+    cp = _cp()
+    if d.dtype != cp.float32 or w.dtype != cp.float32 or d.ndim != 3:
+        return None
+    n, k, e = (int(s) for s in d.shape)
+    d, w = cp.ascontiguousarray(d), cp.ascontiguousarray(w)
+    y = cp.empty((n, e), dtype=cp.float32)
+    if n * e:
+        _fn("moe_combine")(_blocks(n * e), (_THREADS,), (d, w, np.int32(n), np.int32(k), np.int32(e), y))
+    return y

@@ -230,10 +230,11 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
     return out
 
 
-def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None):
+def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None, q8: Q8Buffer | None = None):
     """Experts mat-vec: w (n_expert, rows, row_bytes) uint8, expert_ids (ncols, n_used) int32
     on the device, x (ncols, k) -> float32 (ncols, n_used, rows). Ids stay on the device: an
-    id outside 0..n_expert-1 yields NaN rows instead of a host round trip."""
+    id outside 0..n_expert-1 yields NaN rows instead of a host round trip. q8: x already
+    quantized (shared by several expert weights), skipping the quantization here."""
     cp = _cp()
     w3 = cp.asarray(w_dev)
     if w3.ndim != 3:
@@ -260,7 +261,7 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None):
         vec = np.int32(row_bytes % 16 == 0)
         _function(t.id, f"mmvf_ids<{t.id}>")(grid, (WARPS * 32,), common + (x, out, vec))
     else:
-        act = quantize_q8_1(x)
+        act = q8 if q8 is not None else quantize_q8_1(x)
         name = f"mmvq_ids<{t.id}>"
         rpw = _rows_per_warp(t.id, name, rows, ncols * n_used)
         qgrid = (-(-rows // (rpw * WARPS)), ncols * n_used)

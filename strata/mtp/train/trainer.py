@@ -95,7 +95,7 @@ def _unnorm_gain(core, w_out: np.ndarray) -> np.ndarray:
     weights expect r's scale; feeding them unit-RMS inputs would make the block's own updates
     swamp its input. rms(r) and rms(h) come from one short forward of the target.
     """
-    from strata.model.transformer import Span, positions_of
+    from strata.model.transformer import Span
 
     m, b = core.model, core.backend
     toks = np.asarray(core.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4, add_special=True))
@@ -103,9 +103,8 @@ def _unnorm_gain(core, w_out: np.ndarray) -> np.ndarray:
     span = Span(cache, 0, len(toks))
     cache.ensure(len(toks))
     x = b.embed(m.embd, toks)
-    pos = positions_of(b.xp, [span])
-    for i, bw in enumerate(m.blocks):
-        x = m.runner.block(bw, i, x, [span], pos)
+    x, y = m.run_blocks(x, [span])
+    x = x + y
     r = np.asarray(b.to_host(x), np.float64)
     h = np.asarray(b.to_host(b.rms_norm(x, m.output_norm, core.cfg.rms_eps)), np.float64)
     rms = lambda a: float(np.sqrt((a * a).mean(-1)).mean())  # noqa: E731

@@ -1,0 +1,24 @@
+#!/bin/bash
+# One device call of the CUDA work (see docs/notes/gpu-runs.md for each run's prediction and
+# result). The test model is too large for one upload: stage "a" keeps its first half in /tmp,
+# stage "b" (the next call, while the machine is warm) joins it with the second.
+#   a: GPU tests; dense-8b pack synthesized and benchmarked
+#   b: test model benchmarked (graphs vs eager vs llama.cpp), its GPU tests
+set -o pipefail
+export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
+stage=$1; shift
+case $stage in
+a)
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q -x tests/test_cuda_window.py tests/test_cuda_backend.py 2>&1 | tee $OUT/tests.log || exit 1
+  python3 -c "import time; t=time.time(); from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['dense-8b'], '/tmp/dense8b', progress=lambda s: None); print('dense-8b synthesized in %.0f s' % (time.time()-t))"
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense8b --modes graphs,eager --tokens 64 --runs 2 \
+      --ref 304,507,743,1008,9872 "$@" 2>&1 | tee $OUT/dense8b.log
+  ;;
+b)
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs,eager --tokens 128 \
+      --ref 945,1488,2598,4530,49000 "$@" 2>&1 | tee $OUT/testmodel.log
+  ;;
+esac
