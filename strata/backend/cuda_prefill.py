@@ -31,11 +31,22 @@ MAX_MMVQ_COLS = 8  # strata.kernels.cuda.mmvq.MAX_COLS (not imported: keeps this
 DEFAULT_SCRATCH_BYTES = 128 << 20
 
 # Smallest window (columns) at which dequant + GEMM beats MMVQ launches of 8 columns, per type,
-# for small weights (rows * k < SMALL_WEIGHTS) and large ones. Placeholder until the H200
-# measurement (bench/bench_gpu_prefill.py) fills it in.
+# as (small weights: rows * k < SMALL_WEIGHTS, large weights). Measured eager (Python launch cost
+# included, as the CUDA backend runs today) by bench/bench_gpu_prefill.py on the H200, run 2 of
+# "Prefill path" in docs/notes/gpu-runs.md; measured n were 16, 32, 64, 128, 512, so a value is
+# "from this n on" and n between 9 and the value stays on MMVQ. Small = 576x1536, large = the
+# worse of 4096x14336 and 14336x4096. On GPU time alone (no launch cost) it is 16 (small) and
+# 32 (large; 16 for TQ1_0) for every quantized type.
 SMALL_WEIGHTS = 1 << 22
-CROSSOVER: dict[str, tuple[int, int]] = {}
-DEFAULT_CROSSOVER = (64, 64)
+CROSSOVER: dict[str, tuple[int, int]] = {
+    "Q4_0": (64, 32), "Q4_1": (64, 32), "Q5_0": (64, 32), "Q5_1": (64, 32), "Q8_0": (64, 32),
+    "Q2_K": (64, 32), "Q3_K": (64, 32), "Q4_K": (64, 32), "Q5_K": (64, 32), "Q6_K": (64, 32),
+    "IQ2_XXS": (64, 32), "IQ2_XS": (64, 32), "IQ2_S": (64, 32), "IQ3_XXS": (64, 32), "IQ3_S": (64, 32),
+    "IQ1_S": (64, 32), "IQ1_M": (64, 32), "IQ4_NL": (64, 32), "IQ4_XS": (64, 32), "TQ1_0": (64, 16),
+    "TQ2_0": (64, 32), "MXFP4": (64, 32), "NVFP4": (64, 32), "Q1_0": (64, 64), "Q2_0": (64, 64),
+    "F32": (64, 32), "F16": (32, 16), "BF16": (64, 16),
+}
+DEFAULT_CROSSOVER = (64, 64)  # a type missing from the table (none today)
 
 # cuBLAS enum values (cublas_api.h / library_types.h)
 _OP_N, _OP_T = 0, 1
