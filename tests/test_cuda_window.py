@@ -175,10 +175,22 @@ SCRIPT = [[(0, 12)], [(0, 1)], [(0, 1)], [(0, 3)], [(0, 1), (1, 9)], [(0, 1), (1
           [(0, 2), (1, 1), (2, 5)], [(0, 1), (1, 1)], [(0, 1)], [(0, 1)], [(0, 100)], [(0, 1)]]
 
 
+FLOAT_TYPES = {"attn_q": "F16", "attn_k": "F16", "attn_v": "F16", "attn_output": "F16", "output": "F16"}
+FLOAT_FFN = {"llama": ("ffn_gate", "ffn_up", "ffn_down"), "qwen3moe": ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
 @pytest.mark.parametrize("kind", ["f16", "int8"])
-def test_window_graphs_replay_eager_bits(tmp_path, arch, kind):
-    path = synth_for_gpu(tmp_path, arch)
+@pytest.mark.parametrize("weights", ["quantized", "float"])
+def test_window_graphs_replay_eager_bits(tmp_path, arch, kind, weights):
+    """Graph replays equal the eager windows bit for bit. Against the generic path: float
+    weights (no activation quantization) agree to float rounding; quantized weights multiply
+    Q8_1 activations, where a last-bit difference upstream can flip a rounding (one step of
+    amax / 127) and move a row by ~1e-3, so the bound there is looser."""
+    types = None
+    if weights == "float":
+        types = {**FLOAT_TYPES, **{r: "F16" for r in FLOAT_FFN[arch]}}
+    path = synth_for_gpu(tmp_path, arch, types=types)
     graphed = CudaBackend(fused=True)
     assert graphed.graphs is not None
     eager = CudaBackend(fused=True)
@@ -188,6 +200,8 @@ def test_window_graphs_replay_eager_bits(tmp_path, arch, kind):
     ref, _ = _run(_load(path, eager), kind, SCRIPT)
     gen, _ = _run(_load(path, generic), kind, SCRIPT)
     assert graphed.graphs.replays >= 5  # repeated shapes replayed, not re-captured
+    bound = 2e-5 if weights == "float" else 1e-2
     for i, (a, b, c) in enumerate(zip(got, ref, gen)):
         assert np.array_equal(a, b), f"window {i}: graph replay differs from the eager window"
-        assert rel(cp.asarray(a), cp.asarray(c)) < 1e-4, f"window {i}: fused differs from generic"
+        rows = np.linalg.norm(a - c, axis=1) / np.linalg.norm(c, axis=1)
+        assert rel(cp.asarray(a), cp.asarray(c)) < bound, f"window {i}: fused vs generic, rows {np.round(rows, 6)}"
