@@ -63,8 +63,9 @@ class CudaExperts:
 
 @dataclass
 class CudaEmbedding:
-    source: TensorSource  # host memmap of the blocks: rows are dequantized per lookup
+    source: TensorSource  # host memmap of the blocks
     row_len: int
+    blocks: Any = None  # the blocks on the device (rows gathered there), or None: on the host
 
 
 class CudaBackend(Backend):
@@ -83,6 +84,9 @@ class CudaBackend(Backend):
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
         self._q8_memo: tuple[Any, Any] | None = None  # (activations, their Q8Buffer)
+        self._uploads: dict[str, Any] = {}  # tensor name -> its blocks on the device (tied weights once)
+        self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
+        self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self._win = None  # the current window's table on the device (fused path)
         self._win_static = None  # set by the graph runner: the table buffer a graph reads
         self.splits = 1  # attention key splits of the current window
@@ -92,13 +96,22 @@ class CudaBackend(Backend):
         self.graphs = WindowGraphs(self) if self.fused and graphs_enabled() else None
 
     # ---- weights ----------------------------------------------------------------------
+    def _upload(self, src: TensorSource, rows: int) -> Any:
+        """The raw blocks of a tensor on the device as (rows, row_bytes) uint8, uploaded once
+        (a tied embedding and output head share them)."""
+        blocks = self._uploads.get(src.name)
+        if blocks is None:
+            row_bytes = type_by_id(src.ggml_type).row_bytes(int(src.shape[0]))
+            blocks = self.xp.asarray(np.asarray(src.data()).reshape(rows, row_bytes))
+            self._uploads[src.name] = blocks
+        return blocks
+
     def _part(self, src: TensorSource) -> _Part:
         cp = self.xp
         k, rows = int(src.shape[0]), int(np.prod(src.shape[1:]))
-        raw = np.asarray(src.data())
         if src.ggml_type in self.native_types:
-            t = type_by_id(src.ggml_type)
-            return _Part(src.ggml_type, rows, k, cp.asarray(raw.reshape(rows, t.row_bytes(k))), True)
+            return _Part(src.ggml_type, rows, k, self._upload(src, rows), True)
+        raw = np.asarray(src.data())
         w = dequantize(src.ggml_type, raw, rows * k).reshape(rows, k)
         return _Part(src.ggml_type, rows, k, cp.asarray(w.astype(np.float16)), False)
 
@@ -145,7 +158,11 @@ class CudaBackend(Backend):
         return self.xp.asarray(dequantize(source.ggml_type, np.asarray(source.data()), n))
 
     def embedding(self, source: TensorSource) -> CudaEmbedding:
-        return CudaEmbedding(source, int(source.shape[0]))
+        from strata.kernels.cuda import dequant
+
+        k, rows = int(source.shape[0]), int(np.prod(source.shape[1:]))
+        on_device = self.fused and source.ggml_type in dequant.supported_types() and k % 32 == 0
+        return CudaEmbedding(source, k, self._upload(source, rows) if on_device else None)
 
     # ---- ops ----------------------------------------------------------------------------
     def _one(self, p: _Part, x: Any) -> Any:
@@ -204,8 +221,12 @@ class CudaBackend(Backend):
             return out
         if p.type_id in mm.FLOAT_TYPES:
             return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, x, out=out)
-        if not 0 < n <= mm.MAX_COLS:  # several launches: the wrapper splits the columns
-            return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, q8, out=out)
+        if not 0 < n <= mm.MAX_COLS:
+            if not self.capturing and self._prefill_path().prefer(p.type_id, n, p.rows, p.k) and (
+                    out is None or out.flags.c_contiguous):
+                return self._prefill.linear(p.type_id, p.blocks, p.rows, p.k, x, out=out)
+            # several launches: the wrapper splits the columns
+            return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, q8 if q8 is not None else x, out=out)
         launch = p.launches.get(n)
         if launch is None:
             # the launch mmvq.mmvq makes for n columns, with everything but the activations
@@ -349,8 +370,20 @@ class CudaBackend(Backend):
         sel = w.blocks[ids].astype(cp.float32)  # (n, k, rows, in)
         return cp.einsum("nkri,ni->nkr", sel, x)
 
+    def _prefill_path(self):
+        if self._prefill is None:
+            from strata.backend.cuda_prefill import PrefillPath
+
+            self._prefill = PrefillPath()
+        return self._prefill
+
     def embed(self, table: CudaEmbedding, token_ids) -> Any:
-        return self.xp.asarray(self.embed_host(table, token_ids))
+        if table.blocks is None:
+            return self.xp.asarray(self.embed_host(table, token_ids))
+        from strata.kernels.cuda import dequant
+
+        ids = token_ids if isinstance(token_ids, self.xp.ndarray) else self.xp.asarray(np.asarray(token_ids, np.int64))
+        return dequant.get_rows(table.source.ggml_type, table.blocks, ids, table.row_len)
 
     def embed_host(self, table: CudaEmbedding, token_ids) -> np.ndarray:
         """Embedding rows dequantized on the host (n, n_embd) float32: a few rows per window."""

@@ -24,10 +24,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 GRAPHS_ENV = "STRATA_CUDA_GRAPHS"
 # Windows of up to this many tokens replay graphs: decode and MTP verification windows of up
 # to 8 slots x (1 + 7 drafts) would be 64; prefill chunks are long and run eagerly.
-MAX_GRAPH_TOKENS = 64
+MAX_GRAPH_TOKENS = 64  # (within graphs, wide windows take MMVQ launches: cuBLAS is not capturable)
 
 
 def graphs_enabled() -> bool:
@@ -37,7 +39,7 @@ def graphs_enabled() -> bool:
 @dataclass
 class _Graph:
     graph: Any
-    x: Any  # (n, n_embd) float32 input buffer
+    inp: Any  # input buffer: token ids (n,) int64 (embedding gathered on the device) or rows (n, n_embd)
     win: Any  # window table buffer
     out: Any  # the final-normed hidden states the graph writes
 
@@ -63,38 +65,44 @@ class WindowGraphs:
         b = self.b
         table = b.window_table(spans)  # builds cache tables here, never during capture
         splits = b.splits_for(spans)
-        x_host = b.embed_host(model.embd, tokens)
-        key = (id(model), x_host.shape[0], len(spans), splits, spans[0].cache.kind)
+        on_device = model.embd.blocks is not None
+        inp = np.asarray(tokens, np.int64) if on_device else b.embed_host(model.embd, tokens)
+        key = (id(model), inp.shape[0], len(spans), splits, spans[0].cache.kind)
         g = self.graphs.get(key)
         with self.stream:
             if g is None:
-                g, out = self._capture(model, spans, table, x_host, splits)
+                g, out = self._capture(model, spans, table, inp, splits)
                 self.graphs[key] = g
                 return out
-            g.x.set(x_host)
+            g.inp.set(inp)
             g.win.set(table)
             g.graph.launch(stream=self.stream)
             self.replays += 1
             return g.out.copy()
 
-    def _capture(self, model: Any, spans: Sequence[Any], table: Any, x_host: Any, splits: int):
+    def _capture(self, model: Any, spans: Sequence[Any], table: Any, inp_host: Any, splits: int):
         cp, b = self.b.xp, self.b
-        x = cp.asarray(x_host)
+        inp = cp.asarray(inp_host)
         win = cp.asarray(table)
-        b._win_static, b.splits = win, splits
+
+        def window():
+            x = b.embed(model.embd, inp) if inp.ndim == 1 else inp
+            return model.run_window(x, spans)
+
+        b._win_static, b.splits, b.capturing = win, splits, True
         try:
             with cp.cuda.using_allocator(self.pool.malloc):
-                warm = model.run_window(x, spans)  # the real result, and the pool's blocks
+                warm = window()  # the real result, and the pool's blocks
             out = warm.copy()  # outside the pool: the caller keeps it
             del warm
             b._q8_memo = None  # would pin a pool block the capture expects free
             with cp.cuda.using_allocator(self.pool.malloc):
                 self.stream.begin_capture()
                 try:
-                    gout = model.run_window(x, spans)
+                    gout = window()
                 finally:
                     graph = self.stream.end_capture()
             b._q8_memo = None
         finally:
-            b._win_static = None
-        return _Graph(graph, x, win, gout), out
+            b._win_static, b.capturing = None, False
+        return _Graph(graph, inp, win, gout), out
