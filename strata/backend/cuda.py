@@ -84,7 +84,7 @@ class CudaBackend(Backend):
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
         self._q8_memo: tuple[Any, Any] | None = None  # (activations, their Q8Buffer)
-        self._uploads: dict[str, Any] = {}  # tensor name -> its blocks on the device (tied weights once)
+        self._uploads: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, its blocks on the device)
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self._win = None  # the current window's table on the device (fused path)
@@ -99,12 +99,14 @@ class CudaBackend(Backend):
     def _upload(self, src: TensorSource, rows: int) -> Any:
         """The raw blocks of a tensor on the device as (rows, row_bytes) uint8, uploaded once
         (a tied embedding and output head share them)."""
-        blocks = self._uploads.get(src.name)
-        if blocks is None:
+        # keyed by the source object, not its name: a draft's tensors may share the main
+        # model's names; the entry holds the source so its id is never reused
+        hit = self._uploads.get(id(src))
+        if hit is None:
             row_bytes = type_by_id(src.ggml_type).row_bytes(int(src.shape[0]))
-            blocks = self.xp.asarray(np.asarray(src.data()).reshape(rows, row_bytes))
-            self._uploads[src.name] = blocks
-        return blocks
+            hit = (src, self.xp.asarray(np.asarray(src.data()).reshape(rows, row_bytes)))
+            self._uploads[id(src)] = hit
+        return hit[1]
 
     def _part(self, src: TensorSource) -> _Part:
         cp = self.xp

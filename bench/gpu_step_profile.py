@@ -1,0 +1,83 @@
+"""Where a decode step's time goes on the GPU (B=1): the model window (graph replay or eager),
+the logits head, the host copy + argmax, and the scheduler around them.
+
+  python bench/gpu_step_profile.py --pack P [--steps 64]
+
+Prints medians over the steps: wall time of forward() (host: the graph launch and input
+copies, or every eager launch), GPU time of the window and of the head (CUDA events), the
+host copy of the logits and argmax, and the scheduler's whole step (run_until_idle / tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from strata.engine.core import EngineCore  # noqa: E402
+from strata.engine.options import parse_engine_args  # noqa: E402
+from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
+from strata.model.transformer import Span  # noqa: E402
+
+
+def main() -> int:
+    import cupy as cp
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pack", required=True)
+    ap.add_argument("--steps", type=int, default=64)
+    a = ap.parse_args()
+    core = EngineCore.load(parse_engine_args(["--pack", a.pack, "--device", "cuda"], serving=False), log=lambda s: None)
+    m = core.model
+    rng = np.random.default_rng(1)
+    ids = rng.integers(100, m.n_vocab - 100, 16)
+    c = m.new_cache(4096, "f16")
+    m.forward(ids, [Span(c, 0, len(ids))])
+    tok = int(ids[-1])
+    rows = {k: [] for k in ("forward wall", "window gpu", "head gpu", "head wall", "copy+argmax wall", "step wall")}
+    for i in range(a.steps + 8):
+        cp.cuda.Device().synchronize()
+        e0, e1, e2 = cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event()
+        t0 = time.perf_counter()
+        e0.record()
+        h = m.forward(np.asarray([tok]), [Span(c, c.length, 1)])
+        t1 = time.perf_counter()
+        e1.record()
+        lg = m.logits(h)
+        e2.record()
+        t2 = time.perf_counter()
+        host = m.b.to_host(lg)
+        tok = int(np.argmax(host[0]))
+        t3 = time.perf_counter()
+        if i >= 8:
+            rows["forward wall"].append(t1 - t0)
+            rows["head wall"].append(t2 - t1)
+            rows["copy+argmax wall"].append(t3 - t2)
+            rows["step wall"].append(t3 - t0)
+            rows["window gpu"].append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+            rows["head gpu"].append(cp.cuda.get_elapsed_time(e1, e2) / 1e3)
+    h = core.submit(GenerationRequest(ids.tolist(), SamplingParams(max_tokens=a.steps + 1, temperature=0.0, ignore_eos=True)))
+    core.scheduler.run_until_idle()
+    h.collect()
+    h = core.submit(GenerationRequest(ids.tolist(), SamplingParams(max_tokens=a.steps + 1, temperature=0.0, ignore_eos=True)))
+    t0 = time.perf_counter()
+    core.scheduler.run_until_idle()
+    sched = (time.perf_counter() - t0) / (a.steps + 1)
+    h.collect()
+    print(f"pack: {a.pack}")
+    print("| part (B=1 decode step) | ms |")
+    print("|---|---:|")
+    for k, v in rows.items():
+        print(f"| {k} | {statistics.median(v) * 1e3:.3f} |")
+    print(f"| scheduler step (run_until_idle / tokens, incl. prefill) | {sched * 1e3:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
