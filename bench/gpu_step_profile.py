@@ -76,7 +76,74 @@ def main() -> int:
     for k, v in rows.items():
         print(f"| {k} | {statistics.median(v) * 1e3:.3f} |")
     print(f"| scheduler step (run_until_idle / tokens, incl. prefill) | {sched * 1e3:.3f} |")
+    op_profile(m, tok, c, a.steps)
     return 0
+
+
+def op_profile(m, tok, cache, steps):
+    """GPU time per backend op over eager decode steps (CUDA events around each call), and the
+    achieved bandwidth of each linear (its weight bytes / its time)."""
+    import collections
+
+    import cupy as cp
+
+    b = m.b
+    saved_graphs, b.graphs = b.graphs, None
+    events = []
+
+    def label_of(name, args):
+        if name in ("linear", "linear_experts"):
+            w = args[0]
+            tag = w.names[0].split(".")[-2] if hasattr(w, "names") else "experts"
+            nbytes = sum(p.blocks.nbytes for p in w.parts) if hasattr(w, "parts") else 0
+            return f"{name} {tag}", nbytes
+        return name, 0
+
+    def wrap(name):
+        f = getattr(b, name)
+
+        def w(*args, **kw):
+            e0 = cp.cuda.Event()
+            e0.record()
+            r = f(*args, **kw)
+            e1 = cp.cuda.Event()
+            e1.record()
+            events.append((*label_of(name, args), e0, e1))
+            return r
+
+        setattr(b, name, w)
+        return f
+
+    names = ("linear", "linear_experts", "attend", "add_rms_norm", "swiglu", "route", "combine_experts", "embed")
+    originals = {n: wrap(n) for n in names}
+    per = collections.defaultdict(list)
+    nbytes = {}
+    calls = collections.Counter()
+    for i in range(steps):
+        events.clear()
+        h = m.forward(np.asarray([tok]), [Span(cache, cache.length, 1)])
+        m.logits(h)
+        cp.cuda.Device().synchronize()
+        step = collections.defaultdict(float)
+        for label, nb, e0, e1 in events:
+            step[label] += cp.cuda.get_elapsed_time(e0, e1) / 1e3
+            nbytes[label] = nb
+            if i == 0:
+                calls[label] += 1
+        for k, v in step.items():
+            per[k].append(v)
+    for n, f in originals.items():
+        setattr(b, n, f)
+    b.graphs = saved_graphs
+    total = sum(statistics.median(v) for v in per.values())
+    print()
+    print("| op (eager, one B=1 step) | calls | GPU us / step | share | GB/s (weights) |")
+    print("|---|---:|---:|---:|---:|")
+    for k, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1])):
+        t = statistics.median(v)
+        bw = f"{nbytes[k] * calls[k] / t / 1e9:.0f}" if nbytes.get(k) else ""
+        print(f"| {k} | {calls[k]} | {t * 1e6:.1f} | {t / total:.0%} | {bw} |")
+    print(f"| total of ops | | {total * 1e6:.1f} | | |")
 
 
 if __name__ == "__main__":
