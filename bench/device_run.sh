@@ -12,9 +12,7 @@ t)  # GPU tests only, full log
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
   tail -5 $OUT/tests.log
   ;;
-p)  # GPU tests (full log), then a step profile on synthesized dense-8b and smollm-shaped packs
-  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
-  tail -3 $OUT/tests.log
+p)  # a step profile on synthesized dense-8b and smollm-shaped packs
   python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
 for n in ('dense-8b', 'smollm'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
   for p in /tmp/dense-8b /tmp/smollm; do python3 bench/gpu_step_profile.py --pack $p; done 2>&1 | tee $OUT/profile.log
