@@ -12,10 +12,14 @@ t)  # GPU tests only, full log
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
   tail -5 $OUT/tests.log
   ;;
-p)  # a step profile on synthesized dense-8b and smollm-shaped packs
+p)  # GPU tests, a step profile and the engine bench on synthesized dense-8b and smollm-shaped packs
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -3 $OUT/tests.log
   python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
 for n in ('dense-8b', 'smollm'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
-  for p in /tmp/dense-8b /tmp/smollm; do python3 bench/gpu_step_profile.py --pack $p; done 2>&1 | tee $OUT/profile.log
+  for p in /tmp/dense-8b /tmp/smollm; do python3 bench/gpu_step_profile.py --pack $p --steps 32; done 2>&1 | tee $OUT/profile.log
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --tokens 64 --runs 2 --ref 304,507,743,1008,9872 2>&1 | tail -6
+  python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --tokens 64 --runs 2 --ref 945,1488,2598,4530,49000 2>&1 | tail -6
   ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1

@@ -4,7 +4,7 @@ the window table (strata/kernels/cuda/fused.cu), and CUDA graphs of whole window
 
 Each kernel against the generic array code of base.Backend run with xp = cupy (the path
 STRATA_CUDA_FUSED=0 takes), on fresh random inputs, outputs in NaN-poisoned memory:
-add+norm+Q8_1 and swiglu+Q8_1 bit-exact (same formulas, same summation order); RoPE + cache
+add+norm within float rounding, their Q8_1 blocks and swiglu+Q8_1 bit-exact; RoPE + cache
 append bit-exact in the f16 and int8 caches; attention over the caches within 2e-6 relative
 for any number of key splits; MoE routing the same experts. Whole windows of tiny synthetic
 packs (llama, qwen3moe): graph replays bit-identical to the same window run eagerly, and
@@ -63,8 +63,10 @@ def test_add_rms_norm_q8_bit_exact(rows, n, add):
     xo, h = FUSED.add_rms_norm(x, y, w, 1e-5)
     q8 = FUSED._memo(h)
     xr, hr = GENERIC.add_rms_norm(x, y, w, 1e-5)
-    assert same(xo, xr) and same(h, FUSED.rms_norm(xr, w, 1e-5))
-    assert rel(h, hr) < 1e-6
+    assert same(xo, xr)
+    assert rel(h, hr) < 1e-6  # the sum of squares in another order: float rounding
+    xh, wh = cp.asnumpy(xr).astype(np.float64), cp.asnumpy(w).astype(np.float64)
+    assert rel(h, xh / np.sqrt((xh * xh).mean(-1, keepdims=True) + 1e-5) * wh) < 1e-6
     ref = mmvq.quantize_q8_1(h)
     assert q8 is not None and same(q8.q, ref.q) and same(q8.meta, ref.meta) and same(q8.s, ref.s)
 

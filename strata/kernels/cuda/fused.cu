@@ -226,8 +226,8 @@ __device__ __forceinline__ void quant_block32(float v, int blk, i8* q8, int* met
 }
 
 // x_out = x + y (y may be null: no add), h = rms_norm(x_out) * w, and h quantized to Q8_1
-// blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row;
-// the sum of squares runs in rms_norm_f32's order, so h has its bits exactly.
+// blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row,
+// up to one warp per 32-block (latency, not bandwidth, limits a decode row).
 extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const float* __restrict__ y,
                                            const float* __restrict__ w, float* __restrict__ x_out,
                                            float* __restrict__ h, int n, float eps, i8* __restrict__ q8,
@@ -365,25 +365,30 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ q, long long 
 }
 
 #define ATT_CHUNK 256  // keys scored at once per thread block (shared memory)
+#define ATT_THREADS 256
+#define ATT_KEYS_PER_WARP 4  // keys a warp scores at once: independent loads in flight
 
 // One key or value element of a cache row as float32.
-__device__ __forceinline__ float kv_elem(const void* base, const float* scales, size_t row, int d, int e,
-                                         int int8_cache) {
-    if (int8_cache) return (float)((const i8*)base)[row * d + e] * scales[row];
+template <bool INT8>
+__device__ __forceinline__ float kv_elem(const void* base, const float* scales, size_t row, int d, int e) {
+    if (INT8) return (float)((const i8*)base)[row * d + e] * scales[row];
     return h2f(((const u16*)base)[row * d + e]);
 }
 
 // Causal attention of each window token over its span's cache, straight from the f16 or int8
-// storage. Grid (n_head, n, splits); block 128 threads. Block z takes the key chunks z,
+// storage. Grid (n_head, n, splits); block ATT_THREADS. Block z takes the key chunks z,
 // z + splits, ... of [0, pos + 1) with an online softmax; with one split it writes the
 // normalised output, else (m, l, acc[d]) partials that attention_kv_merge combines. Any
 // number of splits is correct for any length (the graph of a window shape keeps its own).
-extern "C" __global__ void attention_kv(const float* __restrict__ q, const long long* __restrict__ win,
-                                        int n, int n_head, int n_kv, int d, int layer, int int8_cache,
-                                        float scale, float* __restrict__ out, float* __restrict__ partials) {
+// Decode is latency-bound here, not bandwidth-bound: each warp scores ATT_KEYS_PER_WARP keys
+// at once and p @ v unrolls over keys, so loads overlap instead of queueing one by one.
+template <bool INT8>
+__device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, const long long* __restrict__ win,
+                                                  int n, int n_head, int n_kv, int d, int layer, float scale,
+                                                  float* __restrict__ out, float* __restrict__ partials) {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float scratch[32];
-    __shared__ float red[256];
+    __shared__ float red[ATT_THREADS];
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int kvh = h / (n_head / n_kv);
@@ -402,23 +407,31 @@ extern "C" __global__ void attention_kv(const float* __restrict__ q, const long 
         const int e = lane + 32 * j;
         qr[j] = e < d ? q[((size_t)t * n_head + h) * d + e] : 0.f;
     }
-    // p @ v: thread (part, dim) sums keys part, part + parts, ... of a chunk for dims dim, dim + 128
-    const int parts = d <= (int)blockDim.x ? blockDim.x / d : 1;
+    // p @ v: thread (part, dim) sums keys part, part + parts, ... of a chunk for dimension dim
+    const int parts = blockDim.x / d;  // d <= 256 = blockDim.x
     const int part = threadIdx.x / d, dim = threadIdx.x % d;
     const bool active = part < parts;
-    float acc0 = 0.f, acc1 = 0.f, m = NEG_INF, l = 0.f;
+    float acc = 0.f, m = NEG_INF, l = 0.f;
     for (long long j0 = (long long)z * ATT_CHUNK; j0 < L; j0 += (long long)splits * ATT_CHUNK) {
         const int nk = (int)min((long long)ATT_CHUNK, L - j0);
-        for (int jj = warp; jj < nk; jj += nw) {
-            const size_t row = row0 + j0 + jj;
-            float a = 0.f;
+        for (int jb = warp * ATT_KEYS_PER_WARP; jb < nk; jb += nw * ATT_KEYS_PER_WARP) {
+            float a[ATT_KEYS_PER_WARP];
 #pragma unroll
-            for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
-                const int e = lane + 32 * j;
-                if (e < d) a = fmaf(qr[j], kv_elem(K, KS, row, d, e, int8_cache), a);
+            for (int u = 0; u < ATT_KEYS_PER_WARP; ++u) {
+                a[u] = 0.f;
+                const int jj = min(jb + u, nk - 1);  // past the chunk: recompute the last key, unused
+                const size_t row = row0 + j0 + jj;
+#pragma unroll
+                for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
+                    const int e = lane + 32 * j;
+                    if (e < d) a[u] = fmaf(qr[j], kv_elem<INT8>(K, KS, row, d, e), a[u]);
+                }
             }
-            a = warp_sum(a);
-            if (lane == 0) sc[jj] = __fmul_rn(a, scale);
+#pragma unroll
+            for (int u = 0; u < ATT_KEYS_PER_WARP; ++u) {
+                const float r = warp_sum(a[u]);
+                if (lane == 0 && jb + u < nk) sc[jb + u] = __fmul_rn(r, scale);
+            }
         }
         __syncthreads();
         float cm = NEG_INF;
@@ -434,33 +447,27 @@ extern "C" __global__ void attention_kv(const float* __restrict__ q, const long 
         }
         ps = block_sum(ps, scratch);  // its barriers publish sc
         l = l * corr + ps;
-        acc0 *= corr;
-        acc1 *= corr;
+        acc *= corr;
         m = mn;
         if (active) {
-            for (int jj = part; jj < nk; jj += parts) {
-                const size_t row = row0 + j0 + jj;
-                acc0 = fmaf(sc[jj], kv_elem(V, VS, row, d, dim, int8_cache), acc0);
-                if (dim + 128 < d) acc1 = fmaf(sc[jj], kv_elem(V, VS, row, d, dim + 128, int8_cache), acc1);
-            }
+            const size_t base = row0 + j0;
+#pragma unroll 8
+            for (int jj = part; jj < nk; jj += parts) acc = fmaf(sc[jj], kv_elem<INT8>(V, VS, base + jj, d, dim), acc);
         }
         __syncthreads();  // sc is rewritten by the next chunk
     }
     // sum the parts of each dimension
-    red[threadIdx.x] = active ? acc0 : 0.f;
+    red[threadIdx.x] = active ? acc : 0.f;
     __syncthreads();
-    const int nd = d < (int)blockDim.x ? d : blockDim.x;
-    if (threadIdx.x < nd) {
+    if (threadIdx.x < d) {
         float r0 = 0.f;
         for (int pp = 0; pp < parts; ++pp) r0 += red[pp * d + threadIdx.x];
         const size_t o = ((size_t)t * n_head + h) * d;
         if (splits == 1) {
             out[o + threadIdx.x] = __fdiv_rn(r0, l);
-            if (threadIdx.x + 128 < d) out[o + threadIdx.x + 128] = __fdiv_rn(acc1, l);
         } else {
             float* pr = partials + (((size_t)t * n_head + h) * splits + z) * (d + 2);
             pr[2 + threadIdx.x] = r0;
-            if (threadIdx.x + 128 < d) pr[2 + threadIdx.x + 128] = acc1;
             if (threadIdx.x == 0) {
                 pr[0] = m;
                 pr[1] = l;
@@ -468,6 +475,15 @@ extern "C" __global__ void attention_kv(const float* __restrict__ q, const long 
         }
     }
 }
+
+#define ATTENTION_KV(NAME, INT8)                                                                         \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                            \
+        NAME(const float* __restrict__ q, const long long* __restrict__ win, int n, int n_head, int n_kv, \
+             int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials) {      \
+        attention_kv_impl<INT8>(q, win, n, n_head, n_kv, d, layer, scale, out, partials);               \
+    }
+ATTENTION_KV(attention_kv_f16, false)
+ATTENTION_KV(attention_kv_i8, true)
 
 // Combine attention_kv's split partials: grid (n_head, n), block 128.
 extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,

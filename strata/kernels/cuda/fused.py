@@ -145,6 +145,7 @@ def attention(q, k, v, q_positions):
 # (fused.cu's second half: graph-capturable, everything per window read from the window table)
 KV_MAX_HEAD_DIM = 256
 ATT_CHUNK = 256  # keys per thread block per step of attention_kv (fused.cu ATT_CHUNK)
+ATT_THREADS = 256  # fused.cu ATT_THREADS
 
 
 def add_rms_norm_q8(x, y, w, eps: float, q8=None):
@@ -157,7 +158,7 @@ def add_rms_norm_q8(x, y, w, eps: float, q8=None):
     x_out = x if y is None else cp.empty(x.shape, dtype=cp.float32)
     h = cp.empty(x.shape, dtype=cp.float32)
     if rows:
-        threads = 32 if n <= 128 else (128 if n <= 2048 else 256)
+        threads = min(1024, -(-n // 32) * 32)  # a warp per 32 values: short serial chains
         qargs = (q8.q, q8.meta, q8.s) if q8 is not None else (np.uint64(0),) * 3
         _fn("add_rms_norm_q8")((rows,), (threads,), (
             x, y if y is not None else np.uint64(0), w, x_out, h, np.int32(n), np.float32(eps)) + qargs)
@@ -218,8 +219,8 @@ def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int):
     out = cp.empty((n, n_head * d), dtype=cp.float32)
     part = cp.empty((n, n_head, splits, d + 2), dtype=cp.float32) if splits > 1 else out
     args = (q, win, np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(layer),
-            np.int32(bool(int8_cache)), np.float32(1.0 / float(d) ** 0.5), out, part)
-    _fn("attention_kv")((n_head, n, splits), (128,), args)
+            np.float32(1.0 / float(d) ** 0.5), out, part)
+    _fn("attention_kv_i8" if int8_cache else "attention_kv_f16")((n_head, n, splits), (ATT_THREADS,), args)
     if splits > 1:
         _fn("attention_kv_merge")((n_head, n), (128,), (part, np.int32(n_head), np.int32(d), np.int32(splits), out))
     return out
