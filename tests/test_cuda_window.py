@@ -128,6 +128,8 @@ def test_attend_matches_generic(kind, H, n_kv, d, history, counts, neox):
         poison(8 * ref.nbytes)
         got = FUSED.attend(1, q, k, v, spans_f, pos_f, rope)
         assert rel(got, ref) < 2e-6, f"splits {splits}"
+        q8, q8_ref = FUSED._memo(got), mmvq.quantize_q8_1(got)  # the output's Q8_1 blocks, made alongside
+        assert q8 is not None and same(q8.q, q8_ref.q) and same(q8.meta, q8_ref.meta), f"splits {splits}"
     for (a, b), c in zip(pairs, counts):  # the new keys and values, bit for bit
         end = a.length + c
         for arrs in (("_k", "_v") if kind == "f16" else ("_k", "_v", "_ks", "_vs")):

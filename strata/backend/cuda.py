@@ -331,7 +331,11 @@ class CudaBackend(Backend):
         int8 = spans[0].cache.kind == "int8"
         qr = fk.rope_kv_write(q, k, v, self._win, layer, int8, base=rope.base, dim=rope.dim,
                               scale=rope.scale, neox=rope.neox)
-        return fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits)
+        n, heads, d = (int(x) for x in q.shape)
+        q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
+        out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8)
+        self._q8_memo = (out, q8) if q8 is not None else None  # the output projection reads them
+        return out
 
     def add_rms_norm(self, x: Any, y: Any, weight: Any, eps: float) -> tuple[Any, Any]:
         cp = self.xp

@@ -276,17 +276,10 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* _
     quant_block32(v, (int)blk, q8, meta, s_out);
 }
 
-// RoPE angle pieces as rope_f32 computes them (float64, then rounded to float32).
-__device__ __forceinline__ void rope_cs(long long pos, int i, int dim, double base, double scale, float& c, float& s) {
-    const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
-    const double ang = ((double)pos / scale) * inv;
-    c = (float)cos(ang);
-    s = (float)sin(ang);
-}
-
-// Element e of a head row xr after RoPE (rope_f32's formula, same bits).
-__device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, long long pos, double base,
-                                           double scale, int neox) {
+// Element e of a head row xr after RoPE, with cos/sin of pair i in c[i], s[i]; rope_f32's
+// formula, same bits.
+__device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, int neox, const float* c,
+                                           const float* s) {
     if (e >= dim) return xr[e];
     const int half = dim / 2;
     int i;
@@ -303,14 +296,14 @@ __device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, long
         a = xr[2 * i];
         b = xr[2 * i + 1];
     }
-    float c, s;
-    rope_cs(pos, i, dim, base, scale, c, s);
-    return first ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    return first ? __fsub_rn(__fmul_rn(a, c[i]), __fmul_rn(b, s[i])) : __fadd_rn(__fmul_rn(a, s[i]), __fmul_rn(b, c[i]));
 }
 
 #define KV_MAX_PER_LANE 8  // head_dim <= 256
 
-// RoPE of q and k, and k, v appended to the caches: one warp per (token, head) over the
+// RoPE of q and k, and k, v appended to the caches: one block per token; its threads first
+// work out the dim / 2 cos/sin pairs of the token's position once (float64, as rope_f32:
+// pos / scale * base^(-2i/dim), rounded to float32), then one warp per head runs over the
 // n_head query heads, then n_kv key heads, then n_kv value heads. q/k/v rows are given with
 // element strides per token and per head (views into the qkv output, or normed copies).
 // q_out (n, n_head, d) contiguous. int8 caches: one scale per (head, position), amax / 127,
@@ -321,47 +314,55 @@ extern "C" __global__ void rope_kv_write(const float* __restrict__ q, long long 
                                          float* __restrict__ q_out, const long long* __restrict__ win,
                                          int n, int n_head, int n_kv, int d, int layer, int int8_cache,
                                          int dim, double base, double scale, int neox) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int hh = blockIdx.y * (blockDim.x >> 5) + warp;
+    __shared__ float cs[KV_MAX_PER_LANE * 16], sn[KV_MAX_PER_LANE * 16];  // dim / 2 <= 128 pairs
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int t = blockIdx.x;
-    if (hh >= n_head + 2 * n_kv) return;
     const long long pos = win[t];
-    if (hh < n_head) {
-        const float* xr = q + t * q_ts + hh * q_hs;
-        float* o = q_out + ((size_t)t * n_head + hh) * d;
-        for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, pos, base, scale, neox);
-        return;
+    for (int i = threadIdx.x; i < dim / 2; i += blockDim.x) {
+        const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
+        const double ang = ((double)pos / scale) * inv;
+        cs[i] = (float)cos(ang);
+        sn[i] = (float)sin(ang);
     }
-    const bool is_k = hh < n_head + n_kv;
-    const int h = is_k ? hh - n_head : hh - n_head - n_kv;
-    const float* xr = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+    __syncthreads();
     const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
     const long long cap = tab[0];
-    const size_t at = ((size_t)h * cap + pos) * d;
-    float vals[KV_MAX_PER_LANE];
-    float amax = 0.f;
+    for (int hh = warp; hh < n_head + 2 * n_kv; hh += nw) {
+        if (hh < n_head) {
+            const float* xr = q + t * q_ts + hh * q_hs;
+            float* o = q_out + ((size_t)t * n_head + hh) * d;
+            for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
+            continue;
+        }
+        const bool is_k = hh < n_head + n_kv;
+        const int h = is_k ? hh - n_head : hh - n_head - n_kv;
+        const float* xr = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+        const size_t at = ((size_t)h * cap + pos) * d;
+        float vals[KV_MAX_PER_LANE];
+        float amax = 0.f;
 #pragma unroll
-    for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
-        const int e = lane + 32 * j;
-        vals[j] = 0.f;
-        if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, pos, base, scale, neox) : xr[e];
-        amax = fmaxf(amax, fabsf(vals[j]));
-    }
-    const int which = is_k ? 0 : 1;
-    if (!int8_cache) {
-        u16* dst = (u16*)tab[1 + 4 * layer + which] + at;
+        for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
+            const int e = lane + 32 * j;
+            vals[j] = 0.f;
+            if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : xr[e];
+            amax = fmaxf(amax, fabsf(vals[j]));
+        }
+        const int which = is_k ? 0 : 1;
+        if (!int8_cache) {
+            u16* dst = (u16*)tab[1 + 4 * layer + which] + at;
+#pragma unroll
+            for (int j = 0; j < KV_MAX_PER_LANE; ++j)
+                if (lane + 32 * j < d) dst[lane + 32 * j] = f2h_rn(vals[j]);
+            continue;
+        }
+        amax = warp_max(amax);
+        const float sc = amax > 0.f ? __fdiv_rn(amax, 127.0f) : 1.0f;
+        i8* dst = (i8*)tab[1 + 4 * layer + which] + at;
 #pragma unroll
         for (int j = 0; j < KV_MAX_PER_LANE; ++j)
-            if (lane + 32 * j < d) dst[lane + 32 * j] = f2h_rn(vals[j]);
-        return;
+            if (lane + 32 * j < d) dst[lane + 32 * j] = (i8)fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(vals[j], sc))));
+        if (lane == 0) ((float*)tab[1 + 4 * layer + 2 + which])[(size_t)h * cap + pos] = sc;
     }
-    amax = warp_max(amax);
-    const float sc = amax > 0.f ? __fdiv_rn(amax, 127.0f) : 1.0f;
-    i8* dst = (i8*)tab[1 + 4 * layer + which] + at;
-#pragma unroll
-    for (int j = 0; j < KV_MAX_PER_LANE; ++j)
-        if (lane + 32 * j < d) dst[lane + 32 * j] = (i8)fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(vals[j], sc))));
-    if (lane == 0) ((float*)tab[1 + 4 * layer + 2 + which])[(size_t)h * cap + pos] = sc;
 }
 
 #define ATT_CHUNK 256  // keys scored at once per thread block (shared memory)
@@ -385,7 +386,9 @@ __device__ __forceinline__ float kv_elem(const void* base, const float* scales, 
 template <bool INT8>
 __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, const long long* __restrict__ win,
                                                   int n, int n_head, int n_kv, int d, int layer, float scale,
-                                                  float* __restrict__ out, float* __restrict__ partials) {
+                                                  float* __restrict__ out, float* __restrict__ partials,
+                                                  i8* __restrict__ q8, int* __restrict__ meta,
+                                                  float* __restrict__ s_out) {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float scratch[32];
     __shared__ float red[ATT_THREADS];
@@ -464,7 +467,11 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
         for (int pp = 0; pp < parts; ++pp) r0 += red[pp * d + threadIdx.x];
         const size_t o = ((size_t)t * n_head + h) * d;
         if (splits == 1) {
-            out[o + threadIdx.x] = __fdiv_rn(r0, l);
+            const float val = __fdiv_rn(r0, l);
+            out[o + threadIdx.x] = val;
+            // the Q8_1 blocks of the output for the projection that follows (d % 32 == 0:
+            // whole warps, blocks inside one head)
+            if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
         } else {
             float* pr = partials + (((size_t)t * n_head + h) * splits + z) * (d + 2);
             pr[2 + threadIdx.x] = r0;
@@ -479,15 +486,17 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
 #define ATTENTION_KV(NAME, INT8)                                                                         \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                            \
         NAME(const float* __restrict__ q, const long long* __restrict__ win, int n, int n_head, int n_kv, \
-             int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials) {      \
-        attention_kv_impl<INT8>(q, win, n, n_head, n_kv, d, layer, scale, out, partials);               \
+             int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials,      \
+             i8* __restrict__ q8, int* __restrict__ meta, float* __restrict__ s_out) {                    \
+        attention_kv_impl<INT8>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, q8, meta, s_out); \
     }
 ATTENTION_KV(attention_kv_f16, false)
 ATTENTION_KV(attention_kv_i8, true)
 
 // Combine attention_kv's split partials: grid (n_head, n), block 128.
 extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,
-                                              float* __restrict__ out) {
+                                              float* __restrict__ out, i8* __restrict__ q8, int* __restrict__ meta,
+                                              float* __restrict__ s_out) {
     const int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * splits * (d + 2);
     float M = NEG_INF;
@@ -503,7 +512,10 @@ extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, in
             const float mz = pr[z * (d + 2)];
             if (mz != NEG_INF) a += pr[z * (d + 2) + 2 + e] * expf(mz - M);
         }
-        out[((size_t)t * n_head + h) * d + e] = __fdiv_rn(a, L);
+        const size_t o = ((size_t)t * n_head + h) * d + e;
+        const float val = __fdiv_rn(a, L);
+        out[o] = val;
+        if (q8) quant_block32(val, (int)(o >> 5), q8, meta, s_out);  // d % 32 == 0: whole warps
     }
 }
 

@@ -202,27 +202,29 @@ def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, di
     ka, kt, kh = _strides(k)
     va, vt, vh = _strides(v)
     out = cp.empty((n, n_head, d), dtype=cp.float32)
-    warps = 4
-    heads = n_head + 2 * n_kv
-    _fn("rope_kv_write")((n, -(-heads // warps)), (32 * warps,), (
+    warps = min(16, n_head + 2 * n_kv)
+    _fn("rope_kv_write")((n,), (32 * warps,), (
         qa, qt, qh, ka, kt, kh, va, vt, vh, out, win, np.int32(n), np.int32(n_head), np.int32(n_kv),
         np.int32(d), np.int32(layer), np.int32(bool(int8_cache)), np.int32(dim), np.float64(base),
         np.float64(scale), np.int32(bool(neox))))
     return out
 
 
-def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int):
+def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q8=None):
     """Attention of the window's rotated queries q (n, n_head, d) contiguous over their spans'
-    caches, key chunks spread over `splits` thread blocks per (head, token). -> (n, n_head * d)."""
+    caches, key chunks spread over `splits` thread blocks per (head, token). -> (n, n_head * d).
+    q8: an mmvq.Q8Buffer (n, n_head * d) to receive the output's Q8_1 blocks too (d % 32 == 0)."""
     cp = _cp()
     n, n_head, d = (int(s) for s in q.shape)
     out = cp.empty((n, n_head * d), dtype=cp.float32)
     part = cp.empty((n, n_head, splits, d + 2), dtype=cp.float32) if splits > 1 else out
+    qargs = (q8.q, q8.meta, q8.s) if q8 is not None and d % 32 == 0 else (np.uint64(0),) * 3
     args = (q, win, np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(layer),
             np.float32(1.0 / float(d) ** 0.5), out, part)
-    _fn("attention_kv_i8" if int8_cache else "attention_kv_f16")((n_head, n, splits), (ATT_THREADS,), args)
+    kernel = _fn("attention_kv_i8" if int8_cache else "attention_kv_f16")
+    kernel((n_head, n, splits), (ATT_THREADS,), args + (qargs if splits == 1 else (np.uint64(0),) * 3))
     if splits > 1:
-        _fn("attention_kv_merge")((n_head, n), (128,), (part, np.int32(n_head), np.int32(d), np.int32(splits), out))
+        _fn("attention_kv_merge")((n_head, n), (128,), (part, np.int32(n_head), np.int32(d), np.int32(splits), out) + qargs)
     return out
 
 
