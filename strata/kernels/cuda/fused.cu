@@ -308,7 +308,7 @@ __device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, int 
 // element strides per token and per head (views into the qkv output, or normed copies).
 // q_out (n, n_head, d) contiguous. int8 caches: one scale per (head, position), amax / 127,
 // q = rint(v / scale) clipped to +-127 (strata.model.kv_cache's math).
-extern "C" __global__ void rope_kv_write(const float* __restrict__ q, long long q_ts, long long q_hs,
+extern "C" __global__ void __launch_bounds__(256) rope_kv_write(const float* __restrict__ q, long long q_ts, long long q_hs,
                                          const float* __restrict__ k, long long k_ts, long long k_hs,
                                          const float* __restrict__ v, long long v_ts, long long v_hs,
                                          float* __restrict__ q_out, const long long* __restrict__ win,

@@ -202,7 +202,7 @@ def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, di
     ka, kt, kh = _strides(k)
     va, vt, vh = _strides(v)
     out = cp.empty((n, n_head, d), dtype=cp.float32)
-    warps = min(16, n_head + 2 * n_kv)
+    warps = min(8, n_head + 2 * n_kv)  # fused.cu: __launch_bounds__(256)
     _fn("rope_kv_write")((n,), (32 * warps,), (
         qa, qt, qh, ka, kt, kh, va, vt, vh, out, win, np.int32(n), np.int32(n_head), np.int32(n_kv),
         np.int32(d), np.int32(layer), np.int32(bool(int8_cache)), np.int32(dim), np.float64(base),
