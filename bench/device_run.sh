@@ -21,6 +21,20 @@ for n in ('dense-8b', 'smollm'): synth_pack(PRESETS[n], '/tmp/' + n, progress=la
   python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --tokens 64 --runs 2 --ref 304,507,743,1008,9872 2>&1 | tail -6
   python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --tokens 64 --runs 2 --ref 945,1488,2598,4530,49000 2>&1 | tail -6
   ;;
+c)  # the seed-moe-full pack synthesized and benchmarked; keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -c "import time; t=time.time(); from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None); print('seed-moe-full synthesized in %.0f s' % (time.time()-t))"
+  python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --tokens 64 --runs 2 \
+      --ref 299,475,699,920,12487 2>&1 | tee $OUT/seedmoe.log
+  ;;
+d)  # the test model: engine bench, GPU vs CPU vs llama.cpp, MTP with the shipped draft on the GPU
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs,eager --tokens 128 \
+      --ref 945,1488,2598,4530,49000 2>&1 | tee $OUT/testmodel.log
+  python3 bench/gpu_engine_check.py --model /tmp/tm.gguf --ref .models/smollm2-greedy.json 2>&1 | tail -12 | tee $OUT/check.log
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --quick --per-kind 2 2>&1 | tee $OUT/mtp.log
+  ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py 2>&1 | tail -15 | tee $OUT/tests.log
