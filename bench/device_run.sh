@@ -21,6 +21,18 @@ for n in ('dense-8b', 'smollm'): synth_pack(PRESETS[n], '/tmp/' + n, progress=la
   python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --tokens 64 --runs 2 --ref 304,507,743,1008,9872 2>&1 | tail -6
   python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --tokens 64 --runs 2 --ref 945,1488,2598,4530,49000 2>&1 | tail -6
   ;;
+e)  # GPU tests; keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -4 $OUT/tests.log
+  ;;
+f)  # the test model: losslessness of MTP / batching on the GPU, GPU vs CPU, engine bench
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --quick --per-kind 2 2>&1 | tee $OUT/mtp.log
+  python3 bench/gpu_engine_check.py --model /tmp/tm.gguf --ref .models/smollm2-greedy.json 2>&1 | tail -12 | tee $OUT/check.log
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --tokens 128 \
+      --ref 945,1488,2598,4530,49000 2>&1 | tail -6 | tee $OUT/testmodel.log
+  ;;
 c)  # the seed-moe-full pack synthesized and benchmarked; keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   python3 -c "import time; t=time.time(); from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack

@@ -29,6 +29,17 @@ from strata.kernels.ggml_types import type_by_id, type_by_name
 
 
 FUSED_ENV = "STRATA_CUDA_FUSED"
+PREFILL_ENV = "STRATA_CUDA_PREFILL"
+MAX_SPLITS = 64  # attention key splits per (head, token)
+
+
+def prefill_enabled() -> bool:
+    """Wide windows through dequant + cuBLAS (f16 activations) instead of MMVQ (Q8_1): off by
+    default. The two round differently, so a request's tokens would depend on how many other
+    requests share its prefill window (and MTP at temperature 0 would no longer equal plain
+    decoding); and with today's host cost per call it was not faster end to end on the H200
+    (pp512 test model 21.6k vs 28.1k tok/s, dense-8b 7.5-8.7k vs 8.7k: docs/notes/gpu-runs.md)."""
+    return os.environ.get(PREFILL_ENV, "0") == "1"
 
 
 def fused_enabled() -> bool:
@@ -87,6 +98,7 @@ class CudaBackend(Backend):
         self._uploads: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, its blocks on the device)
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
+        self.prefill = self.fused and prefill_enabled()
         self._win = None  # the current window's table on the device (fused path)
         self._win_static = None  # set by the graph runner: the table buffer a graph reads
         self.splits = 1  # attention key splits of the current window
@@ -224,7 +236,7 @@ class CudaBackend(Backend):
         if p.type_id in mm.FLOAT_TYPES:
             return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, x, out=out)
         if not 0 < n <= mm.MAX_COLS:
-            if not self.capturing and self._prefill_path().prefer(p.type_id, n, p.rows, p.k) and (
+            if self.prefill and not self.capturing and self._prefill_path().prefer(p.type_id, n, p.rows, p.k) and (
                     out is None or out.flags.c_contiguous):
                 return self._prefill.linear(p.type_id, p.blocks, p.rows, p.k, x, out=out)
             # several launches: the wrapper splits the columns
@@ -315,19 +327,19 @@ class CudaBackend(Backend):
         return int(memo[1].data.ptr)
 
     def splits_for(self, spans: Sequence[Any]) -> int:
-        """Attention key splits: enough (head, token, split) blocks to fill the GPU twice once
-        the cache is long, one split per 2 chunks of keys at most; a power of two (graph key)."""
+        """Attention key splits: one thread block per 256-key chunk of the longest span (a power
+        of two, at most 64: graph keys stay few). A span's chunks then never share a block, so
+        its attention rounds the same whatever else is in the window (batch invariance), up to
+        64 chunks (16k keys)."""
         longest = max(int(sp.start + sp.count) for sp in spans)
-        heads = getattr(self, "_n_head", 32) * int(sum(sp.count for sp in spans))
-        want = min(-(-longest // (2 * self._fk.ATT_CHUNK)), max(1, 2 * self.n_sm // max(heads, 1)), 64)
-        return 1 << max(0, int(want).bit_length() - 1) if want > 1 else 1
+        chunks = min(-(-longest // self._fk.ATT_CHUNK), MAX_SPLITS)
+        return 1 << max(0, (chunks - 1).bit_length())
 
     def attend(self, layer: int, q: Any, k: Any, v: Any, spans: Sequence[Any], positions: Any,
                rope: RopeParams) -> Any:
         if self._win is None:
             return super().attend(layer, q, k, v, spans, positions, rope)
         fk = self._fk
-        self._n_head = int(q.shape[1])
         int8 = spans[0].cache.kind == "int8"
         qr = fk.rope_kv_write(q, k, v, self._win, layer, int8, base=rope.base, dim=rope.dim,
                               scale=rope.scale, neox=rope.neox)
