@@ -33,6 +33,11 @@ f)  # the test model: losslessness of MTP / batching on the GPU, GPU vs CPU, eng
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --tokens 128 \
       --ref 945,1488,2598,4530,49000 2>&1 | tail -6 | tee $OUT/testmodel.log
   ;;
+g)  # prefill probe on a smollm-shaped synthetic pack
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
+  python3 bench/gpu_prefill_probe.py --pack /tmp/smollm 2>&1 | tee $OUT/probe.log
+  ;;
 c)  # the seed-moe-full pack synthesized and benchmarked; keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   python3 -c "import time; t=time.time(); from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
