@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
@@ -54,7 +55,10 @@ def main() -> int:
             pr.enable()
             window()
             pr.disable()
-            pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+            pstats.Stats(pr).sort_stats("tottime").print_stats(6)
+            from gpu_step_profile import op_profile
+
+            op_profile(m, 1000, None, 3, width=a.tokens)
     return 0
 
 

@@ -80,7 +80,7 @@ def main() -> int:
     return 0
 
 
-def op_profile(m, tok, cache, steps):
+def op_profile(m, tok, cache, steps, width: int = 1):
     """GPU time per backend op over eager decode steps (CUDA events around each call, each op
     launched behind a 0.6 ms spin kernel so host launch time is not counted), and the achieved
     bandwidth of each linear (its weight bytes / its time)."""
@@ -130,7 +130,11 @@ def op_profile(m, tok, cache, steps):
     calls = collections.Counter()
     for i in range(min(steps, 8)):
         events.clear()
-        h = m.forward(np.asarray([tok]), [Span(cache, cache.length, 1)])
+        if width == 1:
+            h = m.forward(np.asarray([tok]), [Span(cache, cache.length, 1)])
+        else:  # one prefill window of `width` tokens on a fresh cache
+            fresh = m.new_cache(4096, "f16")
+            h = m.forward(np.full(width, tok), [Span(fresh, 0, width)])[-1:]
         m.logits(h)
         cp.cuda.Device().synchronize()
         step = collections.defaultdict(float)
@@ -148,7 +152,7 @@ def op_profile(m, tok, cache, steps):
     b.graphs = saved_graphs
     total = sum(statistics.median(v) for v in per.values())
     print()
-    print("| op (eager, one B=1 step) | calls | GPU us / step | share | GB/s (weights) |")
+    print(f"| op (eager, one window of {width} token(s)) | calls | GPU us / step | share | GB/s (weights) |")
     print("|---|---:|---:|---:|---:|")
     for k, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1])):
         t = statistics.median(v)
