@@ -38,6 +38,15 @@ g)  # prefill probe on a smollm-shaped synthetic pack
 synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
   python3 bench/gpu_prefill_probe.py --pack /tmp/smollm 2>&1 | tee $OUT/probe.log
   ;;
+h)  # GPU tests, prefill probe and engine bench on smollm-shaped and dense-8b synthetic packs
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('smollm', 'dense-8b'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  python3 bench/gpu_prefill_probe.py --pack /tmp/smollm 2>&1 | grep "STRATA_CUDA_PREFILL" | tee $OUT/probe.log
+  python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --tokens 64 --runs 2 --ref 945,1488,2598,4530,49000 2>&1 | tail -5 | tee $OUT/smollm.log
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --tokens 64 --runs 2 --ref 304,507,743,1008,9872 2>&1 | tail -5 | tee $OUT/dense.log
+  ;;
 c)  # the seed-moe-full pack synthesized and benchmarked; keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   python3 -c "import time; t=time.time(); from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack

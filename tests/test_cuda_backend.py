@@ -164,7 +164,7 @@ def sources(types_rows, k, rng):
     (("Q2_0", 1536), ("IQ4_NL", 1536)),  # gate, up of two types: two launches, one quantization
     (("Q8_0", 64), ("Q8_0", 32), ("Q4_K", 48), ("F32", 16)),  # a merged run, then others
 ])
-@pytest.mark.parametrize("n", [1, 3, 11])
+@pytest.mark.parametrize("n", [1, 3, 11, 37])
 def test_linear_merged_parts(parts, n):
     rng = rng_of(f"lin{parts}{n}")
     k = 576 if parts[0][0] != "Q8_0" else 512

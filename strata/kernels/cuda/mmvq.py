@@ -212,21 +212,25 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
     if out is None:
         out = cp.empty((ncols, rows), dtype=cp.float32)
     grid = ((rows + WARPS - 1) // WARPS,)
-    for c0 in range(0, ncols, MAX_COLS):
-        nc = min(MAX_COLS, ncols - c0)
-        o = out[c0 : c0 + nc]
-        if t.id in FLOAT_TYPES:
-            xs = act[c0 : c0 + nc]
+    if t.id in FLOAT_TYPES:
+        for c0 in range(0, ncols, MAX_COLS):
+            nc = min(MAX_COLS, ncols - c0)
+            xs, o = act[c0 : c0 + nc], out[c0 : c0 + nc]
             vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
             fn = _function(t.id, f"mmvf<{t.id}, {nc}>")
             fn(grid, (WARPS * 32,), (w, np.int32(rows), np.int32(row_bytes), np.int32(k), xs, o, vec))
-        else:
-            name = f"mmvq<{t.id}, {nc}>"
-            rpw = _rows_per_warp(t.id, name, rows)
-            qgrid = (-(-rows // (rpw * WARPS)),)
-            _function(t.id, name)(qgrid, (WARPS * 32,), (
-                w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
-                act.q[c0 : c0 + nc], act.meta[c0 : c0 + nc], o))
+        return out
+    # quantized: whole groups of MAX_COLS columns in one launch (grid y), the rest in another
+    full, rest = divmod(ncols, MAX_COLS)
+    for c0, nc, groups in ((0, MAX_COLS, full), (full * MAX_COLS, rest, 1)):
+        if not nc or not groups:
+            continue
+        name = f"mmvq<{t.id}, {nc}>"
+        rpw = _rows_per_warp(t.id, name, rows)
+        qgrid = (-(-rows // (rpw * WARPS)), groups)
+        _function(t.id, name)(qgrid, (WARPS * 32,), (
+            w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
+            act.q[c0:], act.meta[c0:], out[c0:]))
     return out
 
 

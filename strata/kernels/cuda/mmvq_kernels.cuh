@@ -208,7 +208,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
 }
 
 // out (NC, rows) = W (rows, k) . Q8(x) (NC, k). Each warp takes rows_per_warp consecutive rows
-// (the host sizes the grid to what stays resident, so all warps finish together).
+// (the host sizes the grid to what stays resident, so all warps finish together). blockIdx.y
+// picks a group of NC columns: a wide window is one launch of many groups (each column's
+// arithmetic is the same whatever the grid, so results do not depend on the window's width).
 template <int ID, int NC>
 __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
                                                    int rows_per_warp, const i8* __restrict__ q8,
@@ -220,7 +222,9 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int
     const int warp = threadIdx.x >> 5;
     const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
     const int r1 = min(rows, r0 + rows_per_warp);
-    stream_rows<T, NC>(w, r0, r1, row_bytes, k, q8, meta, out, rows, smem[warp], tab);
+    const size_t g = blockIdx.y;
+    stream_rows<T, NC>(w, r0, r1, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
+                       smem[warp], tab);
 }
 
 // Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
