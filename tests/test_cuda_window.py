@@ -246,3 +246,28 @@ def test_batch_invariance(tmp_path, arch, kind):
                            [(0, s0[17:20])]], kind)[0]
     assert alone.shape == shared.shape
     assert np.array_equal(alone, shared), f"rows differ: {np.nonzero((alone != shared).any(1))[0]}"
+
+
+def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
+    """The seed story on the GPU: --batch-mtp at 4 slots, the draft's steps replayed as graphs
+    too, gives plain decoding's tokens (greedy), and the draft graphs were used."""
+    import strata.pack.synth as synth
+    from strata.errors import StrataError
+    from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
+
+    try:
+        synth.smollm_model_path()
+    except StrataError as e:
+        pytest.skip(str(e))
+    pack = make_seed_moe(tmp_path / "seed")
+    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4"]
+    plain, _ = load_engine(base)
+    mtp, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3", "--batch-mtp"])
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(10, 1000, int(rng.integers(5, 40))).tolist() for _ in range(6)]
+    want = [r[0] for r in run_all(plain, prompts, greedy(20), threaded=False)]
+    got = [r[0] for r in run_all(mtp, prompts, greedy(20), threaded=False)]
+    assert got == want
+    graphs = mtp.model.b.graphs
+    assert any(key[0][0] == "draft" for key in graphs.graphs), "the draft never ran as a graph"
+    assert graphs.replays > 0

@@ -39,9 +39,9 @@ def graphs_enabled() -> bool:
 @dataclass
 class _Graph:
     graph: Any
-    inp: Any  # input buffer: token ids (n,) int64 (embedding gathered on the device) or rows (n, n_embd)
+    inputs: dict[str, Any]  # name -> the buffer the graph reads (token ids, hidden rows, ...)
     win: Any  # window table buffer
-    out: Any  # the final-normed hidden states the graph writes
+    outputs: tuple[Any, ...]  # the arrays the graph writes
 
 
 class WindowGraphs:
@@ -59,50 +59,73 @@ class WindowGraphs:
         n = sum(int(sp.count) for sp in spans)
         return 0 < n <= MAX_GRAPH_TOKENS and self.b._cuda_caches(spans)
 
-    def run(self, model: Any, tokens: Any, spans: Sequence[Any]) -> Any:
-        """The window's final-normed hidden states (n, n_embd), caches written, as
-        model.run_window computes them."""
+    def run(self, model: Any, tokens: Any, spans: Sequence[Any], logit_rows: Any = None) -> Any:
+        """The main model's window as Transformer.forward returns it: final-normed hidden
+        states (n, n_embd), and with logit_rows the logits of those rows too (head in the graph)."""
+        b = self.b
+        if model.embd.blocks is not None:  # embedding gathered on the device: ids are the input
+            inputs = {"tokens": np.asarray(tokens, np.int64)}
+        else:
+            inputs = {"x": b.embed_host(model.embd, tokens)}
+        if logit_rows is not None:
+            inputs["rows"] = np.asarray(logit_rows, np.int64)
+
+        def window(d):
+            x = b.embed(model.embd, d["tokens"]) if "tokens" in d else d["x"]
+            h = model.run_window(x, spans)
+            return (h, model.logits(h[d["rows"]])) if "rows" in d else (h,)
+
+        # the logits go to the host at once: lent, not copied
+        outs = self.run_fn(("model", id(model)), window, inputs, spans, borrow=(False, True))
+        return outs if logit_rows is not None else outs[0]
+
+    def run_fn(self, owner: tuple, window, inputs: dict[str, Any], spans: Sequence[Any],
+               borrow: tuple[bool, ...] = ()) -> tuple[Any, ...]:
+        """Run window(device inputs) -> tuple of device arrays for these spans: eagerly and
+        captured the first time a shape is seen, replayed after. inputs: name -> numpy or
+        cupy array (their shapes are part of the key). Arrays out are fresh copies, except
+        output i with borrow[i] true: the graph's own buffer, valid until its next replay
+        (for results read at once, e.g. copied to the host)."""
         b = self.b
         table = b.window_table(spans)  # builds cache tables here, never during capture
         splits = b.splits_for(spans)
-        on_device = model.embd.blocks is not None
-        inp = np.asarray(tokens, np.int64) if on_device else b.embed_host(model.embd, tokens)
-        key = (id(model), inp.shape[0], len(spans), splits, spans[0].cache.kind)
+        shapes = tuple((k, v.shape, str(v.dtype)) for k, v in inputs.items())
+        key = (owner, shapes, len(spans), splits, spans[0].cache.kind)
         g = self.graphs.get(key)
         with self.stream:
             if g is None:
-                g, out = self._capture(model, spans, table, inp, splits)
+                g, outs = self._capture(window, inputs, spans, table, splits)
                 self.graphs[key] = g
-                return out
-            g.inp.set(inp)
+                return outs
+            for k, v in inputs.items():
+                if isinstance(v, np.ndarray):
+                    g.inputs[k].set(v)
+                else:
+                    g.inputs[k][...] = v  # device to device, on this stream (ordered after v's writer)
             g.win.set(table)
             g.graph.launch(stream=self.stream)
             self.replays += 1
-            return g.out.copy()
+            lend = borrow + (False,) * (len(g.outputs) - len(borrow))
+            return tuple(o if keep else o.copy() for o, keep in zip(g.outputs, lend))
 
-    def _capture(self, model: Any, spans: Sequence[Any], table: Any, inp_host: Any, splits: int):
+    def _capture(self, window, inputs: dict[str, Any], spans: Sequence[Any], table: Any, splits: int):
         cp, b = self.b.xp, self.b
-        inp = cp.asarray(inp_host)
+        static = {k: cp.array(v) for k, v in inputs.items()}  # the graph's own input buffers
         win = cp.asarray(table)
-
-        def window():
-            x = b.embed(model.embd, inp) if inp.ndim == 1 else inp
-            return model.run_window(x, spans)
-
         b._win_static, b.splits, b.capturing = win, splits, True
         try:
             with cp.cuda.using_allocator(self.pool.malloc):
-                warm = window()  # the real result, and the pool's blocks
-            out = warm.copy()  # outside the pool: the caller keeps it
+                warm = window(static)  # the real result, and the pool's blocks
+            outs = tuple(o.copy() for o in warm)  # outside the pool: the caller keeps them
             del warm
             b._q8_memo = None  # would pin a pool block the capture expects free
             with cp.cuda.using_allocator(self.pool.malloc):
                 self.stream.begin_capture()
                 try:
-                    gout = window()
+                    gouts = window(static)
                 finally:
                     graph = self.stream.end_capture()
             b._q8_memo = None
         finally:
             b._win_static, b.capturing = None, False
-        return _Graph(graph, inp, win, gout), out
+        return _Graph(graph, static, win, gouts), outs

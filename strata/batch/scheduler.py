@@ -229,7 +229,6 @@ class Scheduler:
         self.windows += 1
         spans = [Span(e.slot.cache, e.slot.cache.length, len(e.tokens)) for e in entries]
         tokens = np.concatenate([np.asarray(e.tokens, dtype=np.int64) for e in entries])
-        hidden = self.model.forward(tokens, spans)
         # logits only for the rows that are sampled or verified
         rows, off = [], 0
         for e in entries:
@@ -239,7 +238,11 @@ class Scheduler:
                 rows.append(off + len(e.tokens) - 1)
             off += len(e.tokens)
         b = self.model.b
-        logits = b.to_host(self.model.logits(hidden[b.xp.asarray(rows)])) if rows else None
+        if rows:
+            hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
+            logits = b.to_host(logits)
+        else:
+            hidden, logits = self.model.forward(tokens, spans), None
         li, off = 0, 0
         for e, sp in zip(entries, spans):
             n = len(e.tokens)

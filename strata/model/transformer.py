@@ -176,11 +176,12 @@ class Transformer:
         c = self.cfg
         return KVCache(self.b.xp, c.n_layer, c.n_head_kv, c.head_dim, max_ctx, kind)
 
-    def forward(self, tokens: Any, spans: Sequence[Span]) -> Any:
-        """Run a window; returns the final-normed hidden states (n, n_embd).
+    def forward(self, tokens: Any, spans: Sequence[Span], logit_rows: Any = None) -> Any:
+        """Run a window; returns the final-normed hidden states (n, n_embd), or with
+        `logit_rows` (row indices) the pair (hidden, logits of those rows).
 
         Caches advance: each span's cache.length becomes start + count. A backend with window
-        graphs (CUDA) replays a captured graph of `run_window` for windows it takes.
+        graphs (CUDA) replays a captured graph of the window (head included) for windows it takes.
         """
         b = self.b
         for sp in spans:
@@ -189,9 +190,11 @@ class Transformer:
             sp.cache.ensure(sp.start + sp.count)
         graphs = getattr(b, "graphs", None)
         if graphs is not None and graphs.takes(spans):
-            out = graphs.run(self, tokens, spans)
+            out = graphs.run(self, tokens, spans, logit_rows)
         else:
             out = self.run_window(b.embed(self.embd, tokens), spans)
+            if logit_rows is not None:
+                out = (out, self.logits(out[b.xp.asarray(np.asarray(logit_rows, np.int64))]))
         for sp in spans:
             sp.cache.length = sp.start + sp.count
         return out

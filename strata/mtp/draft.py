@@ -110,24 +110,38 @@ class DraftModel:
         c = self.cfg
         return KVCache(self.b.xp, 1, c.n_head_kv, c.head_dim, max_ctx, kind)
 
+    def _prepare(self, items: list[tuple[KVCache, Any, Any]]):
+        """Tokens (host), main hiddens (device) and spans of a draft window; caches get room."""
+        xp = self.b.xp
+        tokens = np.concatenate([np.asarray(t, dtype=np.int64).reshape(-1) for _, t, _ in items])
+        hidden = items[0][2] if len(items) == 1 else xp.concatenate([h for _, _, h in items], axis=0)
+        spans = [Span(cache, cache.length, int(np.asarray(t).size)) for cache, t, _ in items]
+        for sp in spans:
+            sp.cache.ensure(sp.start + sp.count)
+        return tokens, hidden, spans
+
+    def _block_out(self, tokens: Any, hidden: Any, spans: list[Span]) -> Any:
+        """The draft's device work for a window: block output rows (pre-norm)."""
+        b, c, xp = self.b, self.cfg, self.b.xp
+        e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
+        h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
+        x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
+        x, y = self.runner.block(self.block, 0, x, None, spans, b.begin_window(spans))
+        return x + y
+
+    @staticmethod
+    def _advance(spans: list[Span]) -> None:
+        for sp in spans:
+            sp.cache.length = sp.start + sp.count
+
     def _run(self, items: list[tuple[KVCache, Any, Any]]) -> Any:
         """One draft forward over several slots: items are (cache, tokens (m,), main hiddens (m, E)).
 
         Each item is a span appended to its own cache; returns the block output rows (pre-norm).
         """
-        b, c, xp = self.b, self.cfg, self.b.xp
-        tokens = np.concatenate([np.asarray(t, dtype=np.int64).reshape(-1) for _, t, _ in items])
-        hidden = items[0][2] if len(items) == 1 else xp.concatenate([h for _, _, h in items], axis=0)
-        e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
-        h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
-        x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
-        spans = [Span(cache, cache.length, int(np.asarray(t).size)) for cache, t, _ in items]
-        for sp in spans:
-            sp.cache.ensure(sp.start + sp.count)
-        x, y = self.runner.block(self.block, 0, x, None, spans, b.begin_window(spans))
-        out = x + y
-        for sp in spans:
-            sp.cache.length = sp.start + sp.count
+        tokens, hidden, spans = self._prepare(items)
+        out = self._block_out(tokens, hidden, spans)
+        self._advance(spans)
         return out
 
     def step(self, cache: KVCache, tokens: Any, hidden: Any):
@@ -138,15 +152,33 @@ class DraftModel:
         normed = self.b.rms_norm(self._run([(cache, tokens, hidden)]), self.output_norm, self.cfg.rms_eps)
         return normed, self.target.logits(normed)
 
+    def _last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span]):
+        out = self._block_out(tokens, hidden, spans)
+        normed = self.b.rms_norm(out[ends], self.output_norm, self.cfg.rms_eps)
+        return normed, self.target.logits(normed)
+
     def step_last(self, items: list[tuple[KVCache, Any, Any]]):
         """Like step, batched over slots, but only each item's last row goes through the head.
 
-        Returns (draft hiddens (n_items, E), host logits (n_items, vocab)).
+        Returns (draft hiddens (n_items, E), host logits (n_items, vocab)). On a backend with
+        window graphs (CUDA) the whole step, head included, replays one captured graph.
         """
-        out = self._run(items)
-        ends = np.cumsum([int(np.asarray(t).size) for _, t, _ in items]) - 1
-        normed = self.b.rms_norm(out[self.b.xp.asarray(ends)], self.output_norm, self.cfg.rms_eps)
-        return normed, self.b.to_host(self.target.logits(normed))
+        b = self.b
+        tokens, hidden, spans = self._prepare(items)
+        ends = np.cumsum([sp.count for sp in spans]) - 1
+        graphs = getattr(b, "graphs", None)
+        if graphs is not None and graphs.takes(spans):
+            def window(d):
+                return self._last_rows(d["tokens"], d["hidden"], d["ends"], spans)
+
+            inputs = {"tokens": tokens, "hidden": hidden, "ends": ends}
+            # both read before the next draft step replays: the hiddens feed it, the logits go
+            # to the host now
+            normed, logits = graphs.run_fn(("draft", id(self)), window, inputs, spans, borrow=(True, True))
+        else:
+            normed, logits = self._last_rows(tokens, hidden, b.xp.asarray(ends), spans)
+        self._advance(spans)
+        return normed, b.to_host(logits)
 
     def state_bytes(self, max_ctx: int, kind: str) -> int:
         """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""
