@@ -90,6 +90,10 @@ class Backend(ABC):
         """Memory still free on the device for per-slot state (None: unknown)."""
         return None
 
+    def argmax_rows(self, x: Any) -> Any:
+        """Index of each row's largest value (the first on ties, as numpy)."""
+        return self.xp.argmax(x, axis=-1)
+
     # ---- transfers -----------------------------------------------------------------
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         return self.xp.asarray(a, dtype=dtype)

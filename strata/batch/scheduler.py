@@ -240,7 +240,11 @@ class Scheduler:
         b = self.model.b
         if rows:
             hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
-            logits = b.to_host(logits)
+            # greedy rows without logprobs need only the argmax: on the GPU that is a few
+            # bytes to copy instead of a vocabulary of floats per row
+            only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
+                              for e in entries if e.kind == "decode" or e.wants_logits)
+            logits = b.to_host(b.argmax_rows(logits) if only_argmax else logits)
         else:
             hidden, logits = self.model.forward(tokens, spans), None
         li, off = 0, 0

@@ -25,6 +25,12 @@ class Verdict:
     tokens: list[int]  # the kept drafts followed by the target's own next token
 
 
+def _top(row) -> int:
+    """The target's greedy token: argmax of a logits row, or the row's argmax itself when the
+    backend sent only that (np.ndim 0: the GPU copies argmax ids, not whole rows, for greedy)."""
+    return int(row) if np.ndim(row) == 0 else int(np.argmax(row))
+
+
 def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarray],
            rng: np.random.Generator, greedy: bool) -> Verdict:
     k = len(drafts)
@@ -33,7 +39,7 @@ def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarra
         d = int(drafts[j])
         pj = p[j]
         if greedy:
-            y = int(np.argmax(pj))
+            y = _top(pj)
             if y != d:
                 return Verdict(j, out + [y])
             out.append(d)
@@ -48,5 +54,5 @@ def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarra
         nxt = sample_from(residual / total, rng) if total > 0 else sample_from(pj, rng)
         return Verdict(j, out + [nxt])
     last = p[k]
-    nxt = int(np.argmax(last)) if greedy else sample_from(last, rng)
+    nxt = _top(last) if greedy else sample_from(last, rng)
     return Verdict(k, out + [nxt])
