@@ -24,6 +24,10 @@ def add_arguments(p) -> None:
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
     t.add_argument("--data-minutes", type=float, default=None, help="stop generating training text after this long")
     t.add_argument("--one-pass", action="store_true", help="train draft position 1 only (cheaper, weaker at --spec >= 2)")
+    t.add_argument("--passes", type=_positive, default=2,
+                   help="draft positions trained by unrolling the draft on its own outputs (default 2)")
+    t.add_argument("--init", default=None, metavar="DRAFT",
+                   help="continue training this draft GGUF instead of starting from the target's last layer")
     t.add_argument("--no-measure", action="store_true", help="skip the final acceptance check with the engine")
     t.add_argument("--data-cache", default=None, metavar="PREFIX",
                    help="keep collected data in PREFIX.train.npz / PREFIX.val.npz and reuse it when present")
@@ -41,7 +45,7 @@ def run(args) -> int:
 
     cfg = TrainConfig(pack=args.pack, out=args.out, steps=args.steps, data=list(args.data), device=args.device,
                       prompts=args.prompts, max_new=args.max_new, slots=args.slots, batch_tokens=args.batch_tokens,
-                      lr=args.lr, two_pass=not args.one_pass, measure=not args.no_measure, seed=args.seed,
+                      lr=args.lr, two_pass=not args.one_pass, passes=args.passes, init=args.init, measure=not args.no_measure, seed=args.seed,
                       data_cache=args.data_cache, held_out_per_kind=args.held_out_per_kind,
                       data_budget_s=args.data_minutes * 60 if args.data_minutes else None)
     train(cfg, log=lambda line: print(line, flush=True))

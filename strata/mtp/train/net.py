@@ -4,11 +4,12 @@ Mirrors strata.mtp.draft.DraftModel.step and strata.model.transformer.BlockRunne
 op (RMSNorm, fused SwiGLU FFN, GQA attention, RoPE in the target's pair convention), so the
 weights exported from here compute the same function in the engine.
 
-Two passes per batch:
+Passes per batch (`DraftNet.unrolled`):
 - pass 1: entry for x_p reads the target's true hidden h_{p-1} (what catch-up feeds the draft);
 - pass 2: entry for x_{p+1} reads the draft's own normed output of pass 1 at entry p, and
   attends to the pass-1 keys of earlier entries plus its own key: exactly what the second
-  drafted token sees at serving time (a cache of true entries + one speculative entry).
+  drafted token sees at serving time (a cache of true entries + one speculative entry);
+- pass j: the same one level deeper (true entries, the j-2 speculative entries before it, itself).
 """
 
 from __future__ import annotations
@@ -110,28 +111,48 @@ class DraftNet(torch.nn.Module):
         Returns normed draft outputs: pass 1 (B, T, E) for entries x_1..x_T (entry p at index
         p-1) and pass 2 (B, T-1, E) for entries x_2..x_T fed pass-1 outputs (or None).
         """
+        outs = self.unrolled(tokens, hidden, 2 if two_pass else 1)
+        return outs[0], (outs[1] if len(outs) > 1 else None)
+
+    def unrolled(self, tokens: torch.Tensor, hidden: torch.Tensor, passes: int) -> list[torch.Tensor]:
+        """The draft chained `passes` steps deep at every position, as DraftProposer runs it.
+
+        Pass j (j >= 2) has T-j+1 rows; its row r is the entry at cache index i = r+j-1 for
+        token x_{i+1}, drafted j-th after a catch-up that ended at index r. It reads pass j-1's
+        output of row r (index i-1) as its "h", and attends to the pass-1 (true) keys of indices
+        0..r, the keys of passes 2..j-1 at row r (the speculative entries drafted before it,
+        indices r+1..i-1) and its own key: the serving draft cache of that moment.
+        """
         d = self.dims
         T = hidden.shape[1]
         cos, sin = rope_tables(d, T)
         x = self._inputs(tokens[:, 1:], hidden)
         q, k, v = self._qkv(x, cos, sin)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        g1 = rms_norm(self._finish(x, att), self.p["output_norm"], d.rms_eps)
-        if not two_pass or T < 2:
-            return g1, None
-        # pass 2: entry for x_{p+1} (index p) reads g1 of entry p (index p-1)
-        x2 = self._inputs(tokens[:, 2:], g1[:, :-1])
-        q2, k2, v2 = self._qkv(x2, cos[1:], sin[1:])
+        g = rms_norm(self._finish(x, att), self.p["output_norm"], d.rms_eps)
+        outs = [g]
+        spec_k: list[torch.Tensor] = []  # keys/values of passes 2.. (row-aligned: row r of every pass)
+        spec_v: list[torch.Tensor] = []
         scale = 1.0 / float(d.head_dim) ** 0.5
-        s_prev = (q2 @ k[:, :, : T - 1].transpose(-1, -2)) * scale  # (B, H, T-1, T-1) over indices 0..T-2
-        # row i (index i+1) may see pass-1 keys of indices 0..i (its earlier, true entries)
-        mask = torch.ones(T - 1, T - 1, dtype=torch.bool).tril()
-        s_prev = s_prev.masked_fill(~mask, float("-inf"))
-        s_self = (q2 * k2).sum(-1, keepdim=True) * scale
-        p = torch.softmax(torch.cat([s_prev, s_self], dim=-1), dim=-1)
-        att2 = p[..., :-1] @ v[:, :, : T - 1] + p[..., -1:] * v2
-        g2 = rms_norm(self._finish(x2, att2), self.p["output_norm"], d.rms_eps)
-        return g1, g2
+        for j in range(2, passes + 1):
+            n = T - j + 1
+            if n < 1:
+                break
+            xj = self._inputs(tokens[:, j:], g[:, :n])
+            qj, kj, vj = self._qkv(xj, cos[j - 1 :], sin[j - 1 :])
+            spec_k.append(kj)
+            spec_v.append(vj)
+            s_true = (qj @ k[:, :, :n].transpose(-1, -2)) * scale  # (B, H, n, n): true keys 0..n-1
+            mask = torch.ones(n, n, dtype=torch.bool, device=qj.device).tril()  # row r sees 0..r
+            s_true = s_true.masked_fill(~mask, float("-inf"))
+            s_spec = torch.cat([(qj * sk[:, :, :n]).sum(-1, keepdim=True) for sk in spec_k], dim=-1) * scale
+            p = torch.softmax(torch.cat([s_true, s_spec], dim=-1), dim=-1)
+            att = p[..., :n] @ v[:, :, :n]
+            for l, sv in enumerate(spec_v):
+                att = att + p[..., n + l : n + l + 1] * sv[:, :, :n]
+            g = rms_norm(self._finish(xj, att), self.p["output_norm"], d.rms_eps)
+            outs.append(g)
+        return outs
 
 
 def candidate_loss(net: DraftNet, g: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor,

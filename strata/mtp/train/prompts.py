@@ -56,14 +56,38 @@ QA = [
 ]
 
 
-def training_prompts(n: int = 200) -> list[tuple[str, str]]:
-    """(kind, user message) pairs, kinds interleaved so any prefix is a varied sample."""
+# a second set (no overlap with the first or with HELD_OUT's subjects): `training_prompts(n, more=True)`
+TOPICS_MORE = [
+    "the printing press", "penguins", "the immune system", "glaciers", "the Renaissance", "wind turbines",
+    "origami", "the Amazon rainforest", "comets", "gardening", "the violin", "public libraries", "bicycles",
+    "the Silk Road", "octopuses", "nutrition", "museums", "the periodic table", "trains", "deserts",
+    "meditation", "board games", "the Eiffel Tower", "tea ceremonies", "robots", "mushrooms", "lighthouses",
+    "the human brain", "ancient Egypt", "soccer", "photography", "money", "bridges", "the Arctic", "yoga",
+    "electricity", "the piano", "wolves", "satellites", "pottery",
+]
+CODE_TASKS_MORE = [
+    "counts the vowels in a string", "flattens a nested list", "checks whether two strings are anagrams",
+    "returns the n-th triangular number", "finds the second largest number in a list",
+    "capitalizes every word in a sentence", "computes the power of a number without using **",
+    "checks whether a year is a leap year", "returns the digits of an integer as a list",
+    "finds the index of an item with binary search", "counts how often each character appears",
+    "converts a binary string to an integer", "rotates a list by k positions", "computes the median of a list",
+    "checks whether a list is sorted", "returns the common elements of two lists",
+]
+
+
+def training_prompts(n: int = 200, more: bool = False) -> list[tuple[str, str]]:
+    """(kind, user message) pairs, kinds interleaved so any prefix is a varied sample.
+
+    more=True builds them from TOPICS_MORE / CODE_TASKS_MORE instead (a disjoint second set).
+    """
+    topics, tasks = (TOPICS_MORE, CODE_TASKS_MORE) if more else (TOPICS, CODE_TASKS)
     pools = {
-        "chat": [tpl.format(t=t) for t, tpl in itertools.product(TOPICS, CHAT)],
-        "lists": [tpl.format(t=t) for t, tpl in itertools.product(TOPICS, LISTS)],
-        "prose": [tpl.format(t=t) for t, tpl in itertools.product(TOPICS, PROSE)],
-        "code": [tpl.format(c=c) for c, tpl in itertools.product(CODE_TASKS, CODE)],
-        "qa": [QA[0].format(a=a, b=b) for a, b in ((12, 30), (7, 8), (150, 275))]
+        "chat": [tpl.format(t=t) for t, tpl in itertools.product(topics, CHAT)],
+        "lists": [tpl.format(t=t) for t, tpl in itertools.product(topics, LISTS)],
+        "prose": [tpl.format(t=t) for t, tpl in itertools.product(topics, PROSE)],
+        "code": [tpl.format(c=c) for c, tpl in itertools.product(tasks, CODE)],
+        "qa": [] if more else [QA[0].format(a=a, b=b) for a, b in ((12, 30), (7, 8), (150, 275))]
         + [QA[1].format(m=m) for m in ("February", "a leap year", "a week")]
         + [QA[2].format(c=c) for c in ("France", "Japan", "Canada", "Brazil", "Egypt")]
         + [QA[3].format(l=lang) for lang in ("Spanish", "German", "Italian")],

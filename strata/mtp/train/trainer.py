@@ -36,6 +36,8 @@ class TrainConfig:
     batch_tokens: int = 2048
     lr: float = 1e-3
     two_pass: bool = True
+    passes: int = 2  # draft positions trained by unrolling (1: position 1 only; two_pass=False forces 1)
+    init: str | None = None  # start from this draft GGUF's weights instead of the target's last layer
     data_budget_s: float | None = None
     eval_every: int = 50
     measure: bool = True  # acceptance with the real engine at the end
@@ -86,6 +88,23 @@ def initial_weights(core) -> dict[str, np.ndarray]:
     w["hnorm"] = _unnorm_gain(core, w_out)
     w["output_norm"] = w_out.copy()
     return w
+
+
+def draft_weights(path: str) -> dict[str, np.ndarray]:
+    """role -> float32 array of an existing draft GGUF (dequantized), to continue training it."""
+    from strata.backend.cpu import dequantize_source
+    from strata.gguf.reader import GGUFFile
+
+    if not Path(path).is_file():
+        raise StrataError(f"--init {path}: no such file")
+    f = GGUFFile(path)
+    try:
+        if "mtp.eh_proj.weight" not in f.tensors:
+            raise StrataError(f"--init {path}: not an MTP draft (mtp.eh_proj.weight is missing)")
+        return {name.removeprefix("mtp.").removeprefix("blk.").removesuffix(".weight"):
+                dequantize_source(t).astype(np.float32) for name, t in f.tensors.items()}
+    finally:
+        f.close()
 
 
 def _unnorm_gain(core, w_out: np.ndarray) -> np.ndarray:
@@ -224,15 +243,19 @@ def _mined(net, g, rng: np.random.Generator, n: int, rows: int = 64) -> np.ndarr
     return rng.choice(top, size=min(n, len(top)), replace=False) if len(top) else top
 
 
-def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 1024, two_pass: bool = True):
-    """Pass 1: entry x_p (index p-1) targets row p; pass 2: entry x_{p+1} (index p) targets row p+1."""
+PASS_WEIGHT = 0.5  # loss weight of pass j is PASS_WEIGHT ** (j-1): later positions matter less end to end
+
+
+def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 1024, two_pass: bool = True, passes: int = 2):
+    """Pass j's row r is entry x_{r+j} (cache index r+j-1), drafted j-th; its target is row r+j."""
     import torch
 
     from strata.mtp.train.net import candidate_loss
 
     tokens, hidden, top_ids, top_lg = batch
     T = hidden.shape[1]
-    g1, g2 = net(tokens, hidden, two_pass=two_pass)
+    outs = net.unrolled(tokens, hidden, passes if two_pass else 1)
+    g1 = outs[0]
     vocab = net.head.shape[0]
     pool = top_ids[top_ids >= 0].unique().cpu().numpy()
     neg = np.concatenate([rng.choice(pool, size=min(n_neg // 2, len(pool)), replace=False),
@@ -240,41 +263,46 @@ def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 1024, two_pass
     neg = torch.from_numpy(neg.astype(np.int64)).unique().to(g1.device)
     out = {}
     total = 0.0
-    # pass 1: g1[:, j] is entry x_{j+1}; its target is row j+1 (rows 1..T-1 exist)
-    ids, lg, ok = _targets(top_ids, top_lg, 1, T - 1)
-    loss1, agree1 = candidate_loss(net, g1[:, : T - 1][ok], ids[ok], lg[ok], neg)
-    total = loss1
-    out["loss1"], out["agree1"] = float(loss1.detach()), float(agree1)
-    if g2 is not None and T > 2:
-        # g2[:, i] is entry x_{i+2}; its target is row i+2 (rows 2..T-1)
-        ids, lg, ok = _targets(top_ids, top_lg, 2, T - 2)
-        loss2, agree2 = candidate_loss(net, g2[:, : T - 2][ok], ids[ok], lg[ok], neg)
-        total = total + 0.5 * loss2
-        out["loss2"], out["agree2"] = float(loss2.detach()), float(agree2)
+    for j, g in enumerate(outs, start=1):
+        n = T - j  # rows j..T-1 have targets
+        if n < 1:
+            break
+        ids, lg, ok = _targets(top_ids, top_lg, j, n)
+        loss, agree = candidate_loss(net, g[:, :n][ok], ids[ok], lg[ok], neg)
+        total = total + PASS_WEIGHT ** (j - 1) * loss
+        out[f"loss{j}"], out[f"agree{j}"] = float(loss.detach()), float(agree)
     return total, out
 
 
-def teacher_forced_acceptance(net, seqs: list[Sequence]) -> tuple[float, float]:
-    """Greedy acceptance on held-out answers with the full head: P(d1 ok), P(d2 ok | d1 ok)."""
+def teacher_forced_acceptance(net, seqs: list[Sequence], passes: int = 3) -> list[float]:
+    """Greedy acceptance on held-out answers with the full head: P(d1 ok), P(d2 ok | d1 ok), ...
+
+    Position j runs the draft chained j steps deep (`DraftNet.unrolled`), as serving does.
+    """
     import torch
 
-    hit1 = n1 = hit2 = n2 = 0
+    hit, tries = np.zeros(passes, np.int64), np.zeros(passes, np.int64)
     with torch.no_grad():
         for s in seqs:
             tokens, hidden, top_ids, _ = Batches.tensors([s])
             T = hidden.shape[1]
-            if T < 3:
+            if T <= passes:
                 continue
-            g1, g2 = net(tokens, hidden, two_pass=True)
-            a1 = (g1[0, : T - 1] @ net.head.T).argmax(-1) == top_ids[0, 1:T, 0]
-            a2 = (g2[0, : T - 2] @ net.head.T).argmax(-1) == top_ids[0, 2:T, 0]
-            valid1 = top_ids[0, 1:T, 0] >= 0
-            valid2 = (top_ids[0, 2:T, 0] >= 0) & a1[: T - 2] & valid1[: T - 2]
-            hit1 += int((a1 & valid1).sum())
-            n1 += int(valid1.sum())
-            hit2 += int((a2 & valid2).sum())
-            n2 += int(valid2.sum())
-    return hit1 / max(n1, 1), hit2 / max(n2, 1)
+            tgt = top_ids[0, :, 0]
+            n = T - passes  # rows whose whole chain has targets
+            chain_ok = torch.ones(n, dtype=torch.bool)
+            for j, g in enumerate(net.unrolled(tokens, hidden, passes)):
+                want = tgt[1 + j : 1 + j + n]
+                ok = ((g[0, :n] @ net.head.T).argmax(-1) == want) & (want >= 0)
+                tries[j] += int(chain_ok.sum())
+                chain_ok = chain_ok & ok
+                hit[j] += int(chain_ok.sum())
+    return [float(h / max(t, 1)) for h, t in zip(hit, tries)]
+
+
+def _acceptance_line(acc: list[float]) -> str:
+    names = ["pos1"] + [f"pos{j + 1}|pos1..{j}" if j > 1 else "pos2|pos1" for j in range(1, len(acc))]
+    return ", ".join(f"{n} {a:.3f}" for n, a in zip(names, acc))
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
@@ -297,10 +325,10 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     embed = np.asarray(b.to_host(core.model.embd), np.float32)
     head_w = core.model.output.w if hasattr(core.model.output, "w") else None
     head = embed if head_w is None or head_w is embed else np.asarray(head_w, np.float32)
-    net = DraftNet(dims, initial_weights(core), embed, head).to(cfg.device)
+    net = DraftNet(dims, draft_weights(cfg.init) if cfg.init else initial_weights(core), embed, head).to(cfg.device)
     net.embed, net.head = net.embed.to(cfg.device), net.head.to(cfg.device)
-    p1, p2 = teacher_forced_acceptance(net, val_seqs)
-    log(f"strata mtp train: step 0: held-out acceptance (teacher-forced, greedy) pos1 {p1:.3f}, pos2|pos1 {p2:.3f}")
+    log(f"strata mtp train: step 0: held-out acceptance (teacher-forced, greedy) "
+        f"{_acceptance_line(teacher_forced_acceptance(net, val_seqs))}")
 
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
     warm = max(1, min(20, cfg.steps // 10))
@@ -312,7 +340,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     run: dict[str, float] = {}
     for step in range(1, cfg.steps + 1):
         batch = [t.to(cfg.device) for t in next(batches)]
-        loss, stats = batch_loss(net, batch, rng, two_pass=cfg.two_pass)
+        loss, stats = batch_loss(net, batch, rng, two_pass=cfg.two_pass, passes=cfg.passes)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -325,8 +353,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
             log(f"strata mtp train: step {step}/{cfg.steps}: " + ", ".join(f"{k} {v:.3f}" for k, v in run.items())
                 + f" ({el:.0f} s, {el / step:.2f} s/step)")
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            p1, p2 = teacher_forced_acceptance(net, val_seqs)
-            log(f"strata mtp train: step {step}: held-out acceptance (teacher-forced, greedy) pos1 {p1:.3f}, pos2|pos1 {p2:.3f}")
+            log(f"strata mtp train: step {step}: held-out acceptance (teacher-forced, greedy) "
+                f"{_acceptance_line(teacher_forced_acceptance(net, val_seqs))}")
     t_fit = time.perf_counter() - t_train
 
     weights = {k: v.detach().cpu().numpy() for k, v in net.p.items()}
