@@ -110,10 +110,14 @@ class Backend(ABC):
         return x, self.rms_norm(x, weight, eps)
 
     def attend(self, layer: int, q: Any, k: Any, v: Any, spans: Sequence[Any], positions: Any,
-               rope: RopeParams) -> Any:
-        """Rotate q and k, append k and v to each span's cache at `layer`, and attend each
-        span's queries over its cache. q (n, n_head, d), k and v (n, n_kv, d). -> (n, n_head * d)."""
+               rope: RopeParams, q_norm: Any = None, k_norm: Any = None, eps: float = 0.0) -> Any:
+        """Normalise q and k per head (q_norm / k_norm weights, qwen3) when given, rotate them,
+        append k and v to each span's cache at `layer`, and attend each span's queries over
+        its cache. q (n, n_head, d), k and v (n, n_kv, d). -> (n, n_head * d)."""
         xp = self.xp
+        if q_norm is not None:
+            q = self.rms_norm(q, q_norm, eps)
+            k = self.rms_norm(k, k_norm, eps)
         kw = dict(base=rope.base, dim=rope.dim, scale=rope.scale, neox=rope.neox)
         q = self.rope(q, positions, **kw)
         k = self.rope(k, positions, **kw)

@@ -336,13 +336,13 @@ class CudaBackend(Backend):
         return 1 << max(0, (chunks - 1).bit_length())
 
     def attend(self, layer: int, q: Any, k: Any, v: Any, spans: Sequence[Any], positions: Any,
-               rope: RopeParams) -> Any:
+               rope: RopeParams, q_norm: Any = None, k_norm: Any = None, eps: float = 0.0) -> Any:
         if self._win is None:
-            return super().attend(layer, q, k, v, spans, positions, rope)
+            return super().attend(layer, q, k, v, spans, positions, rope, q_norm, k_norm, eps)
         fk = self._fk
         int8 = spans[0].cache.kind == "int8"
         qr = fk.rope_kv_write(q, k, v, self._win, layer, int8, base=rope.base, dim=rope.dim,
-                              scale=rope.scale, neox=rope.neox)
+                              scale=rope.scale, neox=rope.neox, q_norm=q_norm, k_norm=k_norm, eps=eps)
         n, heads, d = (int(x) for x in q.shape)
         q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
         out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8)

@@ -124,11 +124,8 @@ class BlockRunner:
         q = qkv[:, : c.q_dim].reshape(n, c.n_head, c.head_dim)
         k = qkv[:, c.q_dim : c.q_dim + c.kv_dim].reshape(n, c.n_head_kv, c.head_dim)
         v = qkv[:, c.q_dim + c.kv_dim :].reshape(n, c.n_head_kv, c.head_dim)
-        if bw.q_norm is not None:
-            q = b.rms_norm(q, bw.q_norm, c.rms_eps)
-            k = b.rms_norm(k, bw.k_norm, c.rms_eps)
         rope = RopeParams(c.rope_base, c.rope_dim, c.rope_scale, c.traits.rope_neox)
-        att = b.attend(layer, q, k, v, spans, positions, rope)
+        att = b.attend(layer, q, k, v, spans, positions, rope, bw.q_norm, bw.k_norm, c.rms_eps)
         x, h = b.add_rms_norm(x, b.linear(bw.wo, att), bw.ffn_norm, c.rms_eps)
         if bw.router is None:
             gu = b.linear(bw.wgate_up, h)

@@ -278,7 +278,27 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* _
 
 // Element e of a head row xr after RoPE, with cos/sin of pair i in c[i], s[i]; rope_f32's
 // formula, same bits.
-__device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, int neox, const float* c,
+// A head row as RoPE reads it: the row itself, or rms_norm(row) * w (qwen3's per-head q/k norm;
+// denom from head_denom, so values are rms_norm_f32's bits for head_dim <= 128).
+struct HeadRow {
+    const float* x;
+    const float* w;  // null: no norm
+    float denom;
+    __device__ __forceinline__ float operator[](int e) const {
+        return w ? __fmul_rn(__fdiv_rn(x[e], denom), w[e]) : x[e];
+    }
+};
+
+// sqrt(mean(x^2) + eps) of a head row, by one warp, in rms_norm_f32's order for one warp.
+__device__ __forceinline__ float head_denom(const float* x, int d, float eps) {
+    float ss = 0.f;
+    for (int e = threadIdx.x & 31; e < d; e += 32) ss = fmaf(x[e], x[e], ss);
+    ss = warp_sum(ss);
+    return __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
+}
+
+template <class Row>
+__device__ __forceinline__ float rope_elem(const Row& xr, int e, int dim, int neox, const float* c,
                                            const float* s) {
     if (e >= dim) return xr[e];
     const int half = dim / 2;
@@ -301,6 +321,7 @@ __device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, int 
 
 #define KV_MAX_PER_LANE 8  // head_dim <= 256
 
+// (qwen3) q_norm / k_norm: per-head RMSNorm weights applied before RoPE (null: none).
 // RoPE of q and k, and k, v appended to the caches: one block per token; its threads first
 // work out the dim / 2 cos/sin pairs of the token's position once (float64, as rope_f32:
 // pos / scale * base^(-2i/dim), rounded to float32), then one warp per head runs over the
@@ -313,7 +334,9 @@ extern "C" __global__ void __launch_bounds__(256) rope_kv_write(const float* __r
                                          const float* __restrict__ v, long long v_ts, long long v_hs,
                                          float* __restrict__ q_out, const long long* __restrict__ win,
                                          int n, int n_head, int n_kv, int d, int layer, int int8_cache,
-                                         int dim, double base, double scale, int neox) {
+                                         int dim, double base, double scale, int neox,
+                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                         float eps) {
     __shared__ float cs[KV_MAX_PER_LANE * 16], sn[KV_MAX_PER_LANE * 16];  // dim / 2 <= 128 pairs
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int t = blockIdx.x;
@@ -329,14 +352,16 @@ extern "C" __global__ void __launch_bounds__(256) rope_kv_write(const float* __r
     const long long cap = tab[0];
     for (int hh = warp; hh < n_head + 2 * n_kv; hh += nw) {
         if (hh < n_head) {
-            const float* xr = q + t * q_ts + hh * q_hs;
+            const float* x = q + t * q_ts + hh * q_hs;
+            const HeadRow xr{x, q_norm, q_norm ? head_denom(x, d, eps) : 1.f};
             float* o = q_out + ((size_t)t * n_head + hh) * d;
             for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
             continue;
         }
         const bool is_k = hh < n_head + n_kv;
         const int h = is_k ? hh - n_head : hh - n_head - n_kv;
-        const float* xr = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+        const float* x = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+        const HeadRow xr{x, is_k ? k_norm : nullptr, is_k && k_norm ? head_denom(x, d, eps) : 1.f};
         const size_t at = ((size_t)h * cap + pos) * d;
         float vals[KV_MAX_PER_LANE];
         float amax = 0.f;

@@ -192,9 +192,11 @@ def _strides(a):
     return a, np.int64(a.strides[0] // 4), np.int64(a.strides[1] // 4)
 
 
-def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, dim: int, scale: float, neox: bool):
-    """RoPE of q and k; k and v appended to the caches the window table names (layer
-    `layer`). q (n, n_head, d), k and v (n, n_kv, d) float32 views. -> rotated q contiguous."""
+def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, dim: int, scale: float, neox: bool,
+                  q_norm=None, k_norm=None, eps: float = 0.0):
+    """RoPE of q and k (after per-head RMSNorm with q_norm / k_norm (d,) when given); k and v
+    appended to the caches the window table names (layer `layer`). q (n, n_head, d), k and v
+    (n, n_kv, d) float32 views. -> rotated q contiguous."""
     cp = _cp()
     n, n_head, d = (int(s) for s in q.shape)
     n_kv = int(k.shape[1])
@@ -206,7 +208,9 @@ def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, di
     _fn("rope_kv_write")((n,), (32 * warps,), (
         qa, qt, qh, ka, kt, kh, va, vt, vh, out, win, np.int32(n), np.int32(n_head), np.int32(n_kv),
         np.int32(d), np.int32(layer), np.int32(bool(int8_cache)), np.int32(dim), np.float64(base),
-        np.float64(scale), np.int32(bool(neox))))
+        np.float64(scale), np.int32(bool(neox)),
+        q_norm if q_norm is not None else np.uint64(0), k_norm if k_norm is not None else np.uint64(0),
+        np.float32(eps)))
     return out
 
 
