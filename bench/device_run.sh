@@ -47,6 +47,21 @@ for n in ('smollm', 'dense-8b'): synth_pack(PRESETS[n], '/tmp/' + n, progress=la
   python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --tokens 64 --runs 2 --ref 945,1488,2598,4530,49000 2>&1 | tail -5 | tee $OUT/smollm.log
   python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --tokens 64 --runs 2 --ref 304,507,743,1008,9872 2>&1 | tail -5 | tee $OUT/dense.log
   ;;
+z1)  # final: every GPU test; keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -4 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+z2)  # final: MTP and losslessness on the GPU, the test model and seed-moe-full benchmarks
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --quick --per-kind 2 2>&1 | tee $OUT/mtp.log | tail -16
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --tokens 128 \
+      --ref 945,1488,2598,4530,49000 2>&1 | tail -5 | tee $OUT/testmodel.log
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --tokens 64 --runs 2 \
+      --ref 299,475,699,920,12487 2>&1 | tail -5 | tee $OUT/seedmoe.log
+  ;;
 c)  # the seed-moe-full pack synthesized and benchmarked; keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   python3 -c "import time; t=time.time(); from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
