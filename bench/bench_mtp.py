@@ -43,6 +43,16 @@ def verdict(plain, prompts, want, got) -> tuple[str, bool]:
     return ", ".join(marks), not real
 
 
+def given_previous(acc) -> list[float]:
+    """P(draft j accepted | drafts 1..j-1 accepted): accepted at j over accepted at j-1 (drafted, for j=1)."""
+    out, prev = [], None
+    for d, a in zip(acc.drafted_per_pos, acc.accepted_per_pos):
+        base = d if prev is None else min(prev, d)
+        out.append(a / base if base else 0.0)
+        prev = a
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pack", default=None)
@@ -70,29 +80,35 @@ def main() -> int:
 
     specs = [3] if a.quick else [1, 2, 3, 4]
     min_ps = [0.0, 0.5] if a.quick else [0.0, 0.5, 0.8]
-    print("acceptance, per position: over windows that drafted; tokens/window: drafting windows "
-          "(all decode windows in brackets)\n")
-    print("| spec | min-p | kind | windows | acceptance | per position | tokens/window | tok/s (plain) | lossless |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("acceptance, per position: over windows that drafted (position j counts a window when drafts 1..j "
+          "were all accepted); given previous: position j's rate among windows whose drafts 1..j-1 were "
+          "accepted; tokens/window: drafting windows (all decode windows in brackets)\n")
+    print("| spec | min-p | kind | windows | acceptance | per position | given previous | tokens/window | tok/s (plain) | lossless |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     lossless = exact = True
     best = None
     for k_spec in specs:
         for mp in min_ps:
             core = load_core(a.pack, str(draft), k_spec, min_p=mp, **dev)
             tot_tok = tot_s = 0.0
+            tot_win = tot_acc = 0
             for kind in kinds:
                 acc = run_prompts(core, prompts[kind], a.max_tokens)
                 mark, ok = verdict(plain, prompts[kind], want[kind], acc.outputs)
                 exact &= acc.outputs == want[kind]
                 lossless &= ok
                 tot_tok += acc.tokens
+                tot_win += acc.windows
+                tot_acc += acc.accepted
                 tot_s += acc.seconds
                 per = " ".join(f"{r:.2f}" for r in acc.per_pos())
-                print(f"| {k_spec} | {mp} | {kind} | {acc.windows} | {acc.rate:.2f} | {per} | "
+                cond = " ".join(f"{r:.2f}" for r in given_previous(acc))
+                print(f"| {k_spec} | {mp} | {kind} | {acc.windows} | {acc.rate:.2f} | {per} | {cond} | "
                       f"{acc.tokens_per_window:.2f} ({acc.tokens_per_decode_window:.2f}) | {acc.tokens / acc.seconds:.1f} ({base[kind].tokens / base[kind].seconds:.1f}) "
                       f"| {mark} |", flush=True)
             tps = tot_tok / tot_s
-            print(f"| {k_spec} | {mp} | all | | | | | {tps:.1f} ({plain_tps:.1f}) = {tps / plain_tps:.2f}x | |", flush=True)
+            tpw = 1 + tot_acc / tot_win if tot_win else 1.0
+            print(f"| {k_spec} | {mp} | all | {tot_win} | | | | {tpw:.2f} | {tps:.1f} ({plain_tps:.1f}) = {tps / plain_tps:.2f}x | |", flush=True)
             if best is None or tps > best[0]:
                 best = (tps, k_spec, mp)
 

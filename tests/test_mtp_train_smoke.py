@@ -71,3 +71,21 @@ def test_train_without_torch_is_one_clear_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("strata: strata mtp train needs PyTorch")
     assert np.all([ln.startswith("strata") for ln in proc.stderr.strip().splitlines()])
+
+
+def test_init_continues_a_draft_and_rejects_a_missing_one(trained, tmp_path):
+    """--init starts from an existing draft (here the one trained above) and trains it 3 passes deep."""
+    d, out, _ = trained
+    again = tmp_path / "again.gguf"
+    base = [sys.executable, "-m", "strata.cli.main", "mtp", "train", "--pack", str(d / "model.gguf"), "--steps", "2",
+            "--prompts", "4", "--max-new", "8", "--slots", "4", "--batch-tokens", "256", "--held-out-per-kind", "1",
+            "--no-measure", "--passes", "3"]
+    proc = subprocess.run(base + ["--out", str(again), "--init", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "loss3" in proc.stdout and "pos3|pos1..2" in proc.stdout
+    assert again.is_file()
+    missing = tmp_path / "nope.gguf"
+    proc = subprocess.run(base + ["--out", str(tmp_path / "x.gguf"), "--init", str(missing)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"strata: --init {missing}: no such file"

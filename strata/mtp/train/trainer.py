@@ -313,6 +313,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise StrataError("--device cuda: PyTorch sees no CUDA device")
     t_start = time.perf_counter()
+    start_weights = draft_weights(cfg.init) if cfg.init else None  # a bad --init fails before any work
     core = load_target(cfg.pack, log)
     mc = core.cfg
     log(f"strata mtp train: target {mc.name} ({mc.arch}, {mc.n_layer} layers, n_embd {mc.n_embd}, vocab {core.model.n_vocab})")
@@ -325,7 +326,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     embed = np.asarray(b.to_host(core.model.embd), np.float32)
     head_w = core.model.output.w if hasattr(core.model.output, "w") else None
     head = embed if head_w is None or head_w is embed else np.asarray(head_w, np.float32)
-    net = DraftNet(dims, draft_weights(cfg.init) if cfg.init else initial_weights(core), embed, head).to(cfg.device)
+    net = DraftNet(dims, start_weights or initial_weights(core), embed, head).to(cfg.device)
     net.embed, net.head = net.embed.to(cfg.device), net.head.to(cfg.device)
     log(f"strata mtp train: step 0: held-out acceptance (teacher-forced, greedy) "
         f"{_acceptance_line(teacher_forced_acceptance(net, val_seqs))}")
