@@ -94,6 +94,12 @@ class Backend(ABC):
         """Index of each row's largest value (the first on ties, as numpy)."""
         return self.xp.argmax(x, axis=-1)
 
+    def top_rows(self, logits: Any) -> tuple[Any, Any]:
+        """Per row: the argmax, and its softmax probability 1 / sum(exp(z - max)) (float32)."""
+        xp = self.xp
+        m = logits.max(axis=-1, keepdims=True)
+        return xp.argmax(logits, axis=-1), 1.0 / xp.exp(logits - m).sum(axis=-1)
+
     # ---- transfers -----------------------------------------------------------------
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         return self.xp.asarray(a, dtype=dtype)

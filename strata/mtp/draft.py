@@ -152,16 +152,19 @@ class DraftModel:
         normed = self.b.rms_norm(self._run([(cache, tokens, hidden)]), self.output_norm, self.cfg.rms_eps)
         return normed, self.target.logits(normed)
 
-    def _last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span]):
+    def _last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span], full: bool = True):
         out = self._block_out(tokens, hidden, spans)
         normed = self.b.rms_norm(out[ends], self.output_norm, self.cfg.rms_eps)
-        return normed, self.target.logits(normed)
+        logits = self.target.logits(normed)
+        return (normed, logits) if full else (normed, *self.b.top_rows(logits))
 
-    def step_last(self, items: list[tuple[KVCache, Any, Any]]):
+    def step_last(self, items: list[tuple[KVCache, Any, Any]], full: bool = True):
         """Like step, batched over slots, but only each item's last row goes through the head.
 
-        Returns (draft hiddens (n_items, E), host logits (n_items, vocab)). On a backend with
-        window graphs (CUDA) the whole step, head included, replays one captured graph.
+        Returns (draft hiddens (n_items, E), host logits (n_items, vocab)); with full=False
+        (greedy drafting) (draft hiddens, (argmax ids, top probabilities) on the host) instead,
+        so a whole vocabulary per row never leaves the device. On a backend with window graphs
+        (CUDA) the whole step, head included, replays one captured graph.
         """
         b = self.b
         tokens, hidden, spans = self._prepare(items)
@@ -169,16 +172,18 @@ class DraftModel:
         graphs = getattr(b, "graphs", None)
         if graphs is not None and graphs.takes(spans):
             def window(d):
-                return self._last_rows(d["tokens"], d["hidden"], d["ends"], spans)
+                return self._last_rows(d["tokens"], d["hidden"], d["ends"], spans, full)
 
             inputs = {"tokens": tokens, "hidden": hidden, "ends": ends}
-            # both read before the next draft step replays: the hiddens feed it, the logits go
+            # all read before the next draft step replays: the hiddens feed it, the rest goes
             # to the host now
-            normed, logits = graphs.run_fn(("draft", id(self)), window, inputs, spans, borrow=(True, True))
+            outs = graphs.run_fn(("draft", id(self), full), window, inputs, spans, borrow=(True, True, True))
         else:
-            normed, logits = self._last_rows(tokens, hidden, b.xp.asarray(ends), spans)
+            outs = self._last_rows(tokens, hidden, b.xp.asarray(ends), spans, full)
         self._advance(spans)
-        return normed, b.to_host(logits)
+        if full:
+            return outs[0], b.to_host(outs[1])
+        return outs[0], (b.to_host(outs[1]), b.to_host(outs[2]))
 
     def state_bytes(self, max_ctx: int, kind: str) -> int:
         """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""

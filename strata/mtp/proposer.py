@@ -56,11 +56,14 @@ class DraftProposer:
             toks = s.tokens_pending + [s.pending]
             hid = xp.concatenate(s.hidden_pending, axis=0) if len(s.hidden_pending) > 1 else s.hidden_pending[0]
             while len(toks) > self.chunk:  # long histories (MTP was off for a while) go first, alone
-                d.step_last([(s.draft_cache, toks[: self.chunk], hid[: self.chunk])])
+                d.step_last([(s.draft_cache, toks[: self.chunk], hid[: self.chunk])], full=False)
                 toks, hid = toks[self.chunk :], hid[self.chunk :]
             items.append((s.draft_cache, toks, hid))
             s.hidden_pending, s.tokens_pending = [], []
-        g, rows = d.step_last(items)
+        # greedy drafting needs each row's argmax and top probability only: computed on the
+        # device, not over a vocabulary of floats on the host
+        full = not all(is_greedy(params) for _, _, params in work)
+        g, rows = d.step_last(items, full=full)
         committed = [s.draft_cache.length for s, _, _ in work]
         out: list[tuple[list[int], list[Any]]] = [([], []) for _ in work]
         live = list(range(len(work)))
@@ -68,10 +71,13 @@ class DraftProposer:
             nxt_items, nxt_live = [], []
             for pos, i in enumerate(live):
                 s, k, params = work[i]
-                row = rows[pos]
-                if top_probability(row) < self.min_p:
+                row = rows[pos] if full else None
+                top = top_probability(row) if full else float(rows[1][pos])
+                if top < self.min_p:
                     continue
-                if is_greedy(params):
+                if not full:
+                    tok, qd = int(rows[0][pos]), None
+                elif is_greedy(params):
                     tok, qd = int(np.argmax(row)), None
                 else:
                     qd = distribution(row, params)
@@ -83,7 +89,7 @@ class DraftProposer:
                     nxt_live.append(i)
             if not nxt_items:
                 break
-            g, rows = d.step_last(nxt_items)
+            g, rows = d.step_last(nxt_items, full=full)
             live = nxt_live
         for (s, _, _), c in zip(work, committed):
             s.draft_cache.truncate(c)  # speculative entries are recomputed from true hiddens next time
