@@ -79,7 +79,8 @@ CODE_TASKS_MORE = [
 def training_prompts(n: int = 200, more: bool = False) -> list[tuple[str, str]]:
     """(kind, user message) pairs, kinds interleaved so any prefix is a varied sample.
 
-    more=True builds them from TOPICS_MORE / CODE_TASKS_MORE instead (a disjoint second set).
+    The first 434 come from TOPICS / CODE_TASKS, then (n > 434) the 560 of TOPICS_MORE /
+    CODE_TASKS_MORE; more=True gives only the second set.
     """
     topics, tasks = (TOPICS_MORE, CODE_TASKS_MORE) if more else (TOPICS, CODE_TASKS)
     pools = {
@@ -105,8 +106,8 @@ def training_prompts(n: int = 200, more: bool = False) -> list[tuple[str, str]]:
                 added = True
             if len(out) >= n:
                 return out
-        if not added:
-            return out
+        if not added:  # the first set is exhausted: continue with the second
+            return out + (training_prompts(n - len(out), more=True) if not more else [])
     return out
 
 

@@ -291,9 +291,11 @@ def teacher_forced_acceptance(net, seqs: list[Sequence], passes: int = 3) -> lis
             tgt = top_ids[0, :, 0]
             n = T - passes  # rows whose whole chain has targets
             chain_ok = torch.ones(n, dtype=torch.bool)
+            for j in range(passes):  # prompt rows have no target: they are no drafting window
+                chain_ok &= tgt[1 + j : 1 + j + n] >= 0
             for j, g in enumerate(net.unrolled(tokens, hidden, passes)):
                 want = tgt[1 + j : 1 + j + n]
-                ok = ((g[0, :n] @ net.head.T).argmax(-1) == want) & (want >= 0)
+                ok = (g[0, :n] @ net.head.T).argmax(-1) == want
                 tries[j] += int(chain_ok.sum())
                 chain_ok = chain_ok & ok
                 hit[j] += int(chain_ok.sum())
