@@ -14,6 +14,13 @@ from support.server_proc import pid_alive, start_serve, wait_until
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
 
+def _slots_busy(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("strata_slots_busy "):
+            return float(line.split()[1])
+    return -1.0
+
+
 def test_request_timeout_gives_504_and_frees_the_slot(tmp_path):
     p = start_serve(tmp_path, {"parallel": 1, "request_timeout": 1.5, "args": ["--max-context", "512"]})
     try:
@@ -24,7 +31,9 @@ def test_request_timeout_gives_504_and_frees_the_slot(tmp_path):
         assert r.status_code == 504, r.text
         assert "request_timeout" in r.json()["error"]["message"]
         assert time.monotonic() - t0 < 30
-        # the one slot is free again: a short request is served
+        # the timed-out request's slot is freed (the engine notices the dropped request)...
+        assert wait_until(lambda: _slots_busy(p.url) == 0, 30), "the timed-out request kept its slot"
+        # ...and serves again: a short request gets its tokens
         r2 = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
         assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] >= 1
         assert p.stop(signal.SIGTERM) == 0
