@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--per-kind", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="only --spec 3 at min-p 0 and 0.5")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the engine's --device)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="time the first pass (on cuda it then includes capturing every window shape's graph)")
     a = ap.parse_args()
     draft = a.draft or default_draft_path()
     if draft is None:
@@ -69,11 +71,18 @@ def main() -> int:
     kinds = list(HELD_OUT)
     dev = dict(device=a.device)
     plain = load_core(a.pack, None, 0, **dev)
+
+    def warm(core, prompts, concurrent=1):
+        """One untimed pass: CUDA graphs of every window shape are captured here, not timed."""
+        if a.device == "cuda" and not a.no_warmup:
+            run_prompts(core, prompts, a.max_tokens, concurrent=concurrent)
+
     prompts = {k: [chat_ids(plain, t) for t in HELD_OUT[k][: a.per_kind]] for k in kinds}
     allp = [p for k in kinds for p in prompts[k]]
     print(f"draft {draft}; {len(allp)} held-out prompts ({a.per_kind} per kind: {', '.join(kinds)}), "
           f"{a.max_tokens} tokens each, greedy, {a.device}\n")
 
+    warm(plain, allp)
     base = {k: run_prompts(plain, prompts[k], a.max_tokens) for k in kinds}
     want = {k: base[k].outputs for k in kinds}
     plain_tps = sum(b.tokens for b in base.values()) / sum(b.seconds for b in base.values())
@@ -90,6 +99,7 @@ def main() -> int:
     for k_spec in specs:
         for mp in min_ps:
             core = load_core(a.pack, str(draft), k_spec, min_p=mp, **dev)
+            warm(core, allp)
             tot_tok = tot_s = 0.0
             tot_win = tot_acc = 0
             for kind in kinds:
@@ -120,6 +130,8 @@ def main() -> int:
     for n in (2, 4):
         pl = load_core(a.pack, None, 0, parallel=n, **dev)
         mt = load_core(a.pack, str(draft), k_spec, min_p=mp, parallel=n, batch_mtp=True, **dev)
+        warm(pl, allp, n)
+        warm(mt, allp, n)
         r0 = run_prompts(pl, allp, a.max_tokens, concurrent=n)
         r1 = run_prompts(mt, allp, a.max_tokens, concurrent=n)
         flat = [o for k in kinds for o in want[k]]
