@@ -277,3 +277,23 @@ def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
     graphs = mtp.model.b.graphs
     assert any(key[0][0] == "draft" for key in graphs.graphs), "the draft never ran as a graph"
     assert graphs.replays > 0
+
+
+def test_failed_capture_falls_back_to_eager_windows(tmp_path, capsys):
+    """A setup that cannot capture a window (simulated: begin_capture raises) still serves it:
+    the shape runs eagerly from then on, said once on stderr, results as without graphs."""
+    path = synth_for_gpu(tmp_path, "llama")
+    graphed = CudaBackend(fused=True)
+
+    def refuse(*a, **k):
+        raise RuntimeError("capture not supported here")
+
+    graphed.graphs.stream.begin_capture = refuse
+    eager = CudaBackend(fused=True)
+    eager.graphs = None
+    got, _ = _run(_load(path, graphed), "f16", SCRIPT)
+    ref, _ = _run(_load(path, eager), "f16", SCRIPT)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b)
+    assert graphed.graphs.failures and all(g is None for g in graphed.graphs.graphs.values())
+    assert "run without a graph" in capsys.readouterr().err

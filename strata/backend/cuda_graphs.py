@@ -21,6 +21,7 @@ STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -52,8 +53,9 @@ class WindowGraphs:
         # inputs written before a replay and outputs read after it need no events
         self.stream = cp.cuda.Stream(non_blocking=False)
         self.pool = cp.cuda.MemoryPool()
-        self.graphs: dict[tuple, _Graph] = {}
+        self.graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, that shape runs eagerly
         self.replays = 0
+        self.failures: list[str] = []  # one line per failed capture (also written to stderr)
 
     def takes(self, spans: Sequence[Any]) -> bool:
         n = sum(int(sp.count) for sp in spans)
@@ -91,12 +93,14 @@ class WindowGraphs:
         splits = b.splits_for(spans)
         shapes = tuple((k, v.shape, str(v.dtype)) for k, v in inputs.items())
         key = (owner, shapes, len(spans), splits, spans[0].cache.kind)
-        g = self.graphs.get(key)
         with self.stream:
-            if g is None:
+            if key not in self.graphs:
                 g, outs = self._capture(window, inputs, spans, table, splits)
                 self.graphs[key] = g
                 return outs
+            g = self.graphs[key]
+            if g is None:
+                return self._eager(window, inputs, table, splits)
             for k, v in inputs.items():
                 if isinstance(v, np.ndarray):
                     g.inputs[k].set(v)
@@ -119,13 +123,31 @@ class WindowGraphs:
             outs = tuple(o.copy() for o in warm)  # outside the pool: the caller keeps them
             del warm
             b._q8_memo = None  # would pin a pool block the capture expects free
-            with cp.cuda.using_allocator(self.pool.malloc):
-                self.stream.begin_capture()
-                try:
-                    gouts = window(static)
-                finally:
-                    graph = self.stream.end_capture()
-            b._q8_memo = None
+            try:
+                with cp.cuda.using_allocator(self.pool.malloc):
+                    self.stream.begin_capture()
+                    try:
+                        gouts = window(static)
+                    finally:
+                        graph = self.stream.end_capture()
+            except Exception as e:  # a setup whose CuPy/driver cannot capture this window:
+                # its result is already computed (warm-up); this shape runs eagerly from now on
+                line = (f"strata: CUDA graph capture of a {sum(sp.count for sp in spans)}-token window failed "
+                        f"({type(e).__name__}: {e}); windows of that shape run without a graph")
+                self.failures.append(line)
+                sys.stderr.write(line + "\n")
+                return None, outs
+            finally:
+                b._q8_memo = None
         finally:
             b._win_static, b.capturing = None, False
         return _Graph(graph, static, win, gouts), outs
+
+    def _eager(self, window, inputs: dict[str, Any], table: Any, splits: int) -> tuple[Any, ...]:
+        """A window of a shape that could not be captured: the same calls, launched one by one."""
+        cp, b = self.b.xp, self.b
+        b._win_static, b.splits = cp.asarray(table), splits
+        try:
+            return tuple(window({k: cp.asarray(v) for k, v in inputs.items()}))
+        finally:
+            b._win_static = None
