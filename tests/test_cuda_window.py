@@ -288,7 +288,7 @@ def test_failed_capture_falls_back_to_eager_windows(tmp_path, capsys):
     def refuse(*a, **k):
         raise RuntimeError("capture not supported here")
 
-    graphed.graphs.stream.begin_capture = refuse
+    graphed.graphs._begin_capture = refuse
     eager = CudaBackend(fused=True)
     eager.graphs = None
     got, _ = _run(_load(path, graphed), "f16", SCRIPT)

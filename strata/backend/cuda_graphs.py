@@ -125,7 +125,7 @@ class WindowGraphs:
             b._q8_memo = None  # would pin a pool block the capture expects free
             try:
                 with cp.cuda.using_allocator(self.pool.malloc):
-                    self.stream.begin_capture()
+                    self._begin_capture()
                     try:
                         gouts = window(static)
                     finally:
@@ -142,6 +142,9 @@ class WindowGraphs:
         finally:
             b._win_static, b.capturing = None, False
         return _Graph(graph, static, win, gouts), outs
+
+    def _begin_capture(self) -> None:
+        self.stream.begin_capture()
 
     def _eager(self, window, inputs: dict[str, Any], table: Any, splits: int) -> tuple[Any, ...]:
         """A window of a shape that could not be captured: the same calls, launched one by one."""
