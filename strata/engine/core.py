@@ -5,6 +5,8 @@ Front ends (the HTTP API, `strata generate`) talk to it through strata.engine.pr
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 import time
 from typing import Any, Callable
@@ -72,11 +74,20 @@ class EngineCore:
             log(w)
         pack_arg = opts.pack
         mtp_arg = opts.mtp
+        backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads)
+        self.backend = backend
         if pack_arg is None and opts.native is None:
-            pack_arg = str(default_model_path())
-            if mtp_arg is None and opts.spec > 0:  # the default model comes with a trained draft
-                from strata.mtp.defaults import default_draft_path
+            from strata.mtp.defaults import default_draft_path, default_spec
 
+            pack_arg = str(default_model_path())
+            auto = default_spec(backend.name, opts.given_flags) if default_draft_path() else None
+            if auto is not None:  # MTP out of the box where it pays (the GPU)
+                spec, min_p = auto
+                opts = dataclasses.replace(opts, spec=spec, spec_min_p=opts.spec_min_p if min_p is None else min_p)
+                self.opts = opts
+                log(f"strata mtp: default model on {backend.name}: MTP on with the shipped draft "
+                    f"(--spec {opts.spec} --spec-min-p {opts.spec_min_p}; --spec 0 turns it off)")
+            if mtp_arg is None and opts.spec > 0:  # the default model comes with a trained draft
                 shipped = default_draft_path()
                 mtp_arg = str(shipped) if shipped is not None else None
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
@@ -88,8 +99,6 @@ class EngineCore:
             f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
-        backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads)
-        self.backend = backend
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         self.model = Transformer(backend, cfg, get, progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
         self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
