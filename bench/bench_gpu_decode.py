@@ -14,8 +14,8 @@ float rounding in rms_norm flips Q8_1 roundings downstream and moves the logits 
 on the CPU: generic ops with rms_norm rounded once through float64 give 0.5-0.8 relative logit
 differences and other greedy tokens). rope, swiglu and the merged/shared-activation linear are
 bit-identical to the generic path, so only rms_norm and attention (summation order) move the
-end-to-end numbers; gpu_fused_diag.py checks every op call inside the model on the generic
-path's inputs instead (the meaningful criterion), gpu_fused_diag2.py ablates op by op.
+end-to-end numbers (the per-op checks against the generic path are tests/test_cuda_backend.py
+and tests/test_cuda_window.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.support.gpu import require_cuda, synth_for_gpu
+from tests.support.gpu import require_cuda, require_synth_tokenizer, synth_for_gpu
 
 cp = require_cuda()
 
@@ -163,22 +163,25 @@ def _load(path, backend):
     return Transformer(backend, config_from_metadata(pack.metadata), lambda name: pack.tensors.get(name))
 
 
+def _windows(model, windows, kind):
+    """Feed windows, each a list of (sequence, token ids); every window's hidden states (host)."""
+    caches, outs = {}, []
+    for window in windows:
+        spans = []
+        for seq, ids in window:
+            if seq not in caches:
+                caches[seq] = model.new_cache(4096, kind)
+            c = caches[seq]
+            spans.append(Span(c, c.length, len(ids)))
+        toks = np.concatenate([np.asarray(ids, np.int64) for _, ids in window])
+        outs.append(cp.asnumpy(model.forward(toks, spans)))
+    return outs
+
+
 def _run(model, kind, script):
-    """Feed windows: script is a list of windows, each a list of (sequence, n tokens).
-    Returns every window's hidden states (host) and the caches."""
+    """Windows of random tokens: script is a list of windows, each a list of (sequence, n tokens)."""
     rng = np.random.default_rng(7)
-    caches = {}
-    outs = []
-    for window in script:
-        spans, toks = [], []
-        for seq, count in window:
-            c = caches.get(seq)
-            if c is None:
-                c = caches[seq] = model.new_cache(4096, kind)
-            spans.append(Span(c, c.length, count))
-            toks.append(rng.integers(0, model.n_vocab, count))
-        outs.append(cp.asnumpy(model.forward(np.concatenate(toks), spans)))
-    return outs, caches
+    return _windows(model, [[(seq, rng.integers(0, model.n_vocab, n)) for seq, n in w] for w in script], kind)
 
 
 SCRIPT = [[(0, 12)], [(0, 1)], [(0, 1)], [(0, 3)], [(0, 1), (1, 9)], [(0, 1), (1, 1)], [(0, 1), (1, 1)],
@@ -206,9 +209,9 @@ def test_window_graphs_replay_eager_bits(tmp_path, arch, kind, weights):
     eager = CudaBackend(fused=True)
     eager.graphs = None
     generic = CudaBackend(fused=False)
-    got, _ = _run(_load(path, graphed), kind, SCRIPT)
-    ref, _ = _run(_load(path, eager), kind, SCRIPT)
-    gen, _ = _run(_load(path, generic), kind, SCRIPT)
+    got = _run(_load(path, graphed), kind, SCRIPT)
+    ref = _run(_load(path, eager), kind, SCRIPT)
+    gen = _run(_load(path, generic), kind, SCRIPT)
     assert graphed.graphs.replays >= 5  # repeated shapes replayed, not re-captured
     # float weights: float rounding, plus the odd f16 / int8 cache rounding a last-bit
     # difference flips (measured on the H200: 2.4e-5..6.8e-5)
@@ -220,15 +223,9 @@ def test_window_graphs_replay_eager_bits(tmp_path, arch, kind, weights):
 
 
 def _feed(model, windows, kind="f16"):
-    """windows: lists of (sequence, token ids); returns {sequence: hidden rows in order}."""
-    caches, rows = {}, {}
-    for window in windows:
-        spans, toks = [], []
-        for seq, ids in window:
-            c = caches.setdefault(seq, model.new_cache(4096, kind))
-            spans.append(Span(c, c.length, len(ids)))
-            toks.append(np.asarray(ids, np.int64))
-        h = cp.asnumpy(model.forward(np.concatenate(toks), spans))
+    """windows: lists of (sequence, token ids); returns {sequence: its hidden rows in order}."""
+    rows = {}
+    for window, h in zip(windows, _windows(model, windows, kind)):
         off = 0
         for seq, ids in window:
             rows.setdefault(seq, []).append(h[off : off + len(ids)])
@@ -257,14 +254,9 @@ def test_batch_invariance(tmp_path, arch, kind):
 def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
     """The seed story on the GPU: --batch-mtp at 4 slots, the draft's steps replayed as graphs
     too, gives plain decoding's tokens (greedy), and the draft graphs were used."""
-    import strata.pack.synth as synth
-    from strata.errors import StrataError
     from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
 
-    try:
-        synth.smollm_model_path()
-    except StrataError as e:
-        pytest.skip(str(e))
+    require_synth_tokenizer()
     pack = make_seed_moe(tmp_path / "seed")
     base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4"]
     plain, _ = load_engine(base)
@@ -291,8 +283,8 @@ def test_failed_capture_falls_back_to_eager_windows(tmp_path, capsys):
     graphed.graphs._begin_capture = refuse
     eager = CudaBackend(fused=True)
     eager.graphs = None
-    got, _ = _run(_load(path, graphed), "f16", SCRIPT)
-    ref, _ = _run(_load(path, eager), "f16", SCRIPT)
+    got = _run(_load(path, graphed), "f16", SCRIPT)
+    ref = _run(_load(path, eager), "f16", SCRIPT)
     for a, b in zip(got, ref):
         assert np.array_equal(a, b)
     assert graphed.graphs.failures and all(g is None for g in graphed.graphs.graphs.values())

