@@ -37,8 +37,8 @@ def prefill_enabled() -> bool:
     """Wide windows through dequant + cuBLAS (f16 activations) instead of MMVQ (Q8_1): off by
     default. The two round differently, so a request's tokens would depend on how many other
     requests share its prefill window (and MTP at temperature 0 would no longer equal plain
-    decoding); and with today's host cost per call it was not faster end to end on the H200
-    (pp512 test model 21.6k vs 28.1k tok/s, dense-8b 7.5-8.7k vs 8.7k: docs/notes/gpu-runs.md)."""
+    decoding). Measured on the H200 against one-launch wide MMVQ: slower on SmolLM2 shapes
+    (512 tokens 20.1 vs 14.4 ms), ~3x faster on dense-8b (pp512 8.7k vs 2.6k tok/s)."""
     return os.environ.get(PREFILL_ENV, "0") == "1"
 
 
@@ -102,7 +102,6 @@ class CudaBackend(Backend):
         self._win = None  # the current window's table on the device (fused path)
         self._win_static = None  # set by the graph runner: the table buffer a graph reads
         self.splits = 1  # attention key splits of the current window
-        self.n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
         from strata.backend.cuda_graphs import WindowGraphs, graphs_enabled
 
         self.graphs = WindowGraphs(self) if self.fused and graphs_enabled() else None
