@@ -8,6 +8,14 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3a)  # session 3 baseline: the graph/eager/fallback tests, op profiles of smollm-shaped and seed-moe-full packs
+  python3 -m pytest -q -x tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -3 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('smollm', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in /tmp/smollm /tmp/seed-moe-full; do python3 bench/gpu_step_profile.py --pack $p --steps 32; done > $OUT/profile.log 2>&1
+  grep -v "^|---" $OUT/profile.log | cut -c1-90
+  ;;
 t)  # GPU tests only, full log
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
   tail -5 $OUT/tests.log
