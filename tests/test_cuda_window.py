@@ -106,6 +106,7 @@ def _caches(kind, n_kv, d, history, rng, n_layer=2):
     (9, 3, 64, [0, 37], [5, 1]),  # prefill-like span + decode span
     (32, 8, 128, [300, 5, 900], [1, 4, 2]),  # verification windows of three slots
     (8, 2, 256, [3000], [3]),  # long cache, head_dim 256
+    (4, 2, 96, [40, 600], [2, 1]),  # head_dim 96: 12 threads per row, 21 key groups
 ])
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -134,6 +135,14 @@ def test_attend_matches_generic(kind, H, n_kv, d, history, counts, neox, qk_norm
         assert rel(got, ref) < 2e-6, f"splits {splits}"
         q8, q8_ref = FUSED._memo(got), mmvq.quantize_q8_1(got)  # the output's Q8_1 blocks, made alongside
         assert q8 is not None and same(q8.q, q8_ref.q) and same(q8.meta, q8_ref.meta), f"splits {splits}"
+        if splits > 1:  # the last split block merges (counters) as the separate merge launch does
+            counters, FUSED._att_counters = FUSED._att_counters, None
+            try:
+                merged_apart = FUSED.attend(1, q, k, v, spans_f, pos_f, rope, *norms)
+            finally:
+                FUSED._att_counters = counters
+            assert same(got, merged_apart), f"splits {splits}"
+            assert not cp.any(counters), "attention_kv leaves its merge counters zeroed"
     if qk_norm:
         return  # the generic (CuPy) norm sums in another order: k differs in its last bits
     for (a, b), c in zip(pairs, counts):  # the new keys and values, bit for bit
@@ -142,7 +151,7 @@ def test_attend_matches_generic(kind, H, n_kv, d, history, counts, neox, qk_norm
             assert same(getattr(a, arrs)[1][:, :end], getattr(b, arrs)[1][:, :end]), arrs
 
 
-@pytest.mark.parametrize("n,X,k,norm", [(1, 128, 8, True), (5, 64, 4, False), (3, 4, 2, True)])
+@pytest.mark.parametrize("n,X,k,norm", [(1, 128, 8, True), (5, 64, 4, False), (3, 4, 2, True), (2, 300, 8, True)])
 def test_route_and_combine(n, X, k, norm):
     rng = rng_of(f"route{n}{X}{k}")
     logits = cp.asarray(rng.standard_normal((n, X)).astype(np.float32) * 2)

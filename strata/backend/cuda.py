@@ -31,6 +31,7 @@ from strata.kernels.ggml_types import type_by_id, type_by_name
 FUSED_ENV = "STRATA_CUDA_FUSED"
 PREFILL_ENV = "STRATA_CUDA_PREFILL"
 MAX_SPLITS = 64  # attention key splits per (head, token)
+ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
 
 
 def prefill_enabled() -> bool:
@@ -102,6 +103,9 @@ class CudaBackend(Backend):
         self._win = None  # the current window's table on the device (fused path)
         self._win_static = None  # set by the graph runner: the table buffer a graph reads
         self.splits = 1  # attention key splits of the current window
+        # attention_kv's merge counters (one per token x head; the kernels leave them zeroed):
+        # made here, never during a graph capture
+        self._att_counters = cp.zeros(ATT_COUNTERS, dtype=cp.int32) if self.fused else None
         from strata.backend.cuda_graphs import WindowGraphs, graphs_enabled
 
         self.graphs = WindowGraphs(self) if self.fused and graphs_enabled() else None
@@ -299,7 +303,8 @@ class CudaBackend(Backend):
 
     def _cuda_caches(self, spans: Sequence[Any]) -> bool:
         fk = self._fk
-        return all(sp.cache.xp is self.xp and sp.cache.d <= fk.KV_MAX_HEAD_DIM for sp in spans)
+        return all(sp.cache.xp is self.xp and sp.cache.d <= fk.KV_MAX_HEAD_DIM
+                   and sp.cache.d % fk.KV_HEAD_DIM_STEP == 0 for sp in spans)
 
     def window_table(self, spans: Sequence[Any]) -> np.ndarray:
         """The window table (see fused.cu) of these spans, on the host."""
@@ -344,7 +349,7 @@ class CudaBackend(Backend):
                               scale=rope.scale, neox=rope.neox, q_norm=q_norm, k_norm=k_norm, eps=eps)
         n, heads, d = (int(x) for x in q.shape)
         q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
-        out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8)
+        out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8, self._att_counters)
         self._q8_memo = (out, q8) if q8 is not None else None  # the output projection reads them
         return out
 

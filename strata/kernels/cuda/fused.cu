@@ -321,15 +321,19 @@ __device__ __forceinline__ float rope_elem(const Row& xr, int e, int dim, int ne
 
 #define KV_MAX_PER_LANE 8  // head_dim <= 256
 
+#define ROPE_WARPS 4  // head rows per rope_kv_write block
+
 // (qwen3) q_norm / k_norm: per-head RMSNorm weights applied before RoPE (null: none).
-// RoPE of q and k, and k, v appended to the caches: one block per token; its threads first
-// work out the dim / 2 cos/sin pairs of the token's position once (float64, as rope_f32:
-// pos / scale * base^(-2i/dim), rounded to float32), then one warp per head runs over the
-// n_head query heads, then n_kv key heads, then n_kv value heads. q/k/v rows are given with
-// element strides per token and per head (views into the qkv output, or normed copies).
-// q_out (n, n_head, d) contiguous. int8 caches: one scale per (head, position), amax / 127,
-// q = rint(v / scale) clipped to +-127 (strata.model.kv_cache's math).
-extern "C" __global__ void __launch_bounds__(256) rope_kv_write(const float* __restrict__ q, long long q_ts, long long q_hs,
+// RoPE of q and k, and k, v appended to the caches. Grid (n tokens, ceil(heads / ROPE_WARPS))
+// over the n_head query heads, then the n_kv key heads, then the n_kv value heads; one warp
+// per head row. A warp that rotates works out the dim / 2 cos/sin pairs of its token's
+// position itself (float64, as rope_f32: pos / scale * base^(-2i/dim), rounded to float32;
+// one or two pairs per lane), so no block-wide barrier and no serial pass over heads keeps
+// the latency of a decode step up. q/k/v rows are given with element strides per token and
+// per head (views into the qkv output). q_out (n, n_head, d) contiguous. int8 caches: one
+// scale per (head, position), amax / 127, q = rint(v / scale) clipped to +-127
+// (strata.model.kv_cache's math).
+extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(const float* __restrict__ q, long long q_ts, long long q_hs,
                                          const float* __restrict__ k, long long k_ts, long long k_hs,
                                          const float* __restrict__ v, long long v_ts, long long v_hs,
                                          float* __restrict__ q_out, const long long* __restrict__ win,
@@ -337,88 +341,121 @@ extern "C" __global__ void __launch_bounds__(256) rope_kv_write(const float* __r
                                          int dim, double base, double scale, int neox,
                                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                          float eps) {
-    __shared__ float cs[KV_MAX_PER_LANE * 16], sn[KV_MAX_PER_LANE * 16];  // dim / 2 <= 128 pairs
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __shared__ float cs_all[ROPE_WARPS][KV_MAX_PER_LANE * 16], sn_all[ROPE_WARPS][KV_MAX_PER_LANE * 16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
+    const int hh = blockIdx.y * ROPE_WARPS + warp;
+    if (hh >= n_head + 2 * n_kv) return;
     const long long pos = win[t];
-    for (int i = threadIdx.x; i < dim / 2; i += blockDim.x) {
-        const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
-        const double ang = ((double)pos / scale) * inv;
-        cs[i] = (float)cos(ang);
-        sn[i] = (float)sin(ang);
+    float* cs = cs_all[warp];
+    float* sn = sn_all[warp];
+    if (hh < n_head + n_kv) {  // q and k rows rotate
+        for (int i = lane; i < dim / 2; i += 32) {
+            const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
+            const double ang = ((double)pos / scale) * inv;
+            cs[i] = (float)cos(ang);
+            sn[i] = (float)sin(ang);
+        }
+        __syncwarp();
     }
-    __syncthreads();
+    if (hh < n_head) {
+        const float* x = q + t * q_ts + hh * q_hs;
+        const HeadRow xr{x, q_norm, q_norm ? head_denom(x, d, eps) : 1.f};
+        float* o = q_out + ((size_t)t * n_head + hh) * d;
+        for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
+        return;
+    }
     const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
     const long long cap = tab[0];
-    for (int hh = warp; hh < n_head + 2 * n_kv; hh += nw) {
-        if (hh < n_head) {
-            const float* x = q + t * q_ts + hh * q_hs;
-            const HeadRow xr{x, q_norm, q_norm ? head_denom(x, d, eps) : 1.f};
-            float* o = q_out + ((size_t)t * n_head + hh) * d;
-            for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
-            continue;
-        }
-        const bool is_k = hh < n_head + n_kv;
-        const int h = is_k ? hh - n_head : hh - n_head - n_kv;
-        const float* x = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
-        const HeadRow xr{x, is_k ? k_norm : nullptr, is_k && k_norm ? head_denom(x, d, eps) : 1.f};
-        const size_t at = ((size_t)h * cap + pos) * d;
-        float vals[KV_MAX_PER_LANE];
-        float amax = 0.f;
+    const bool is_k = hh < n_head + n_kv;
+    const int h = is_k ? hh - n_head : hh - n_head - n_kv;
+    const float* x = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+    const HeadRow xr{x, is_k ? k_norm : nullptr, is_k && k_norm ? head_denom(x, d, eps) : 1.f};
+    const size_t at = ((size_t)h * cap + pos) * d;
+    float vals[KV_MAX_PER_LANE];
+    float amax = 0.f;
 #pragma unroll
-        for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
-            const int e = lane + 32 * j;
-            vals[j] = 0.f;
-            if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : xr[e];
-            amax = fmaxf(amax, fabsf(vals[j]));
-        }
-        const int which = is_k ? 0 : 1;
-        if (!int8_cache) {
-            u16* dst = (u16*)tab[1 + 4 * layer + which] + at;
-#pragma unroll
-            for (int j = 0; j < KV_MAX_PER_LANE; ++j)
-                if (lane + 32 * j < d) dst[lane + 32 * j] = f2h_rn(vals[j]);
-            continue;
-        }
-        amax = warp_max(amax);
-        const float sc = amax > 0.f ? __fdiv_rn(amax, 127.0f) : 1.0f;
-        i8* dst = (i8*)tab[1 + 4 * layer + which] + at;
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
+        const int e = lane + 32 * j;
+        vals[j] = 0.f;
+        if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : xr[e];
+        amax = fmaxf(amax, fabsf(vals[j]));
+    }
+    const int which = is_k ? 0 : 1;
+    if (!int8_cache) {
+        u16* dst = (u16*)tab[1 + 4 * layer + which] + at;
 #pragma unroll
         for (int j = 0; j < KV_MAX_PER_LANE; ++j)
-            if (lane + 32 * j < d) dst[lane + 32 * j] = (i8)fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(vals[j], sc))));
-        if (lane == 0) ((float*)tab[1 + 4 * layer + 2 + which])[(size_t)h * cap + pos] = sc;
+            if (lane + 32 * j < d) dst[lane + 32 * j] = f2h_rn(vals[j]);
+        return;
     }
+    amax = warp_max(amax);
+    const float sc = amax > 0.f ? __fdiv_rn(amax, 127.0f) : 1.0f;
+    i8* dst = (i8*)tab[1 + 4 * layer + which] + at;
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j)
+        if (lane + 32 * j < d) dst[lane + 32 * j] = (i8)fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(vals[j], sc))));
+    if (lane == 0) ((float*)tab[1 + 4 * layer + 2 + which])[(size_t)h * cap + pos] = sc;
 }
 
-#define ATT_CHUNK 256  // keys scored at once per thread block (shared memory)
+#define ATT_CHUNK 256  // keys per chunk: one thread block scores a chunk, one key per thread
 #define ATT_THREADS 256
-#define ATT_KEYS_PER_WARP 4  // keys a warp scores at once: independent loads in flight
+#define ATT_VEC 8  // cache elements a thread loads at once: 16 bytes of f16, 8 of int8
 
-// One key or value element of a cache row as float32.
-template <bool INT8>
-__device__ __forceinline__ float kv_elem(const void* base, const float* scales, size_t row, int d, int e) {
-    if (INT8) return (float)((const i8*)base)[row * d + e] * scales[row];
-    return h2f(((const u16*)base)[row * d + e]);
-}
+// Eight consecutive elements of a cache row (f16 or int8 times the row's scale) as float32,
+// in one 16- or 8-byte load (d % 8 == 0, so every row start is aligned).
+template <bool INT8> struct KV8;
+template <> struct KV8<false> {
+    uint4 r;
+    __device__ __forceinline__ void load(const void* base, const float*, size_t row, int d, int e0) {
+        r = __ldg((const uint4*)((const u16*)base + row * d + e0));
+    }
+    __device__ __forceinline__ void unpack(float* f) const {
+        const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = h2f((u16)(w[i] & 0xFFFFu));
+            f[2 * i + 1] = h2f((u16)(w[i] >> 16));
+        }
+    }
+};
+template <> struct KV8<true> {
+    uint2 r;
+    float s;
+    __device__ __forceinline__ void load(const void* base, const float* scales, size_t row, int d, int e0) {
+        r = __ldg((const uint2*)((const i8*)base + row * d + e0));
+        s = __ldg(scales + row);
+    }
+    __device__ __forceinline__ void unpack(float* f) const {
+        const unsigned w[2] = {r.x, r.y};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = (float)(i8)((w[i >> 2] >> (8 * (i & 3))) & 0xFF) * s;
+    }
+};
 
 // Causal attention of each window token over its span's cache, straight from the f16 or int8
 // storage. Grid (n_head, n, splits); block ATT_THREADS. Block z takes the key chunks z,
-// z + splits, ... of [0, pos + 1) with an online softmax; with one split it writes the
-// normalised output, else (m, l, acc[d]) partials that attention_kv_merge combines. Any
-// number of splits is correct for any length (the graph of a window shape keeps its own).
-// Decode is latency-bound here, not bandwidth-bound: each warp scores ATT_KEYS_PER_WARP keys
-// at once and p @ v unrolls over keys, so loads overlap instead of queueing one by one.
+// z + splits, ... of [0, pos + 1) with an online softmax. With one split it writes the
+// normalised output; else it writes (m, l, acc[d]) partials, and the last block of its
+// (token, head) to finish (a counter in `counters`, reset by that block) merges them, in split
+// order, as attention_kv_merge does (counters null: the host launches attention_kv_merge).
+// Decode is latency-bound, so each phase is one round of independent loads: thread j scores
+// key j of the chunk over the whole head (16-byte loads); for p @ v, d / 8 threads cover a
+// row, 8 elements each, and the 256 / (d / 8) row groups sum their keys 8 loads at a time,
+// then add up through shared memory in group order. The order of every sum depends only on
+// the chunk, never on the grid, so results are batch-invariant.
 template <bool INT8>
 __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, const long long* __restrict__ win,
                                                   int n, int n_head, int n_kv, int d, int layer, float scale,
                                                   float* __restrict__ out, float* __restrict__ partials,
-                                                  i8* __restrict__ q8, int* __restrict__ meta,
-                                                  float* __restrict__ s_out) {
+                                                  int* __restrict__ counters, i8* __restrict__ q8,
+                                                  int* __restrict__ meta, float* __restrict__ s_out) {
     __shared__ float sc[ATT_CHUNK];
+    __shared__ float qs[KV_MAX_PER_LANE * 32];
     __shared__ float scratch[32];
-    __shared__ float red[ATT_THREADS];
+    __shared__ float red[ATT_THREADS * ATT_VEC];
+    __shared__ int last;
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int kvh = h / (n_head / n_kv);
     const long long pos = win[t];
     const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
@@ -429,82 +466,125 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
     const float* VS = (const float*)tab[1 + 4 * layer + 3];
     const size_t row0 = (size_t)kvh * cap;
     const long long L = pos + 1;
-    float qr[KV_MAX_PER_LANE];
+    const size_t o = ((size_t)t * n_head + h) * d;
+    for (int e = threadIdx.x; e < d; e += blockDim.x) qs[e] = q[o + e];
+    // p @ v layout: group grp of row threads (tpr of them, 8 elements each) takes keys grp,
+    // grp + groups, ... of a chunk
+    const int tpr = d / ATT_VEC, groups = ATT_THREADS / tpr;
+    const int grp = threadIdx.x / tpr, e0 = (threadIdx.x % tpr) * ATT_VEC;
+    const bool active = grp < groups;
+    float acc[ATT_VEC];
 #pragma unroll
-    for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
-        const int e = lane + 32 * j;
-        qr[j] = e < d ? q[((size_t)t * n_head + h) * d + e] : 0.f;
-    }
-    // p @ v: thread (part, dim) sums keys part, part + parts, ... of a chunk for dimension dim
-    const int parts = blockDim.x / d;  // d <= 256 = blockDim.x
-    const int part = threadIdx.x / d, dim = threadIdx.x % d;
-    const bool active = part < parts;
-    float acc = 0.f, m = NEG_INF, l = 0.f;
+    for (int i = 0; i < ATT_VEC; ++i) acc[i] = 0.f;
+    float m = NEG_INF, l = 0.f;
+    __syncthreads();  // qs
     for (long long j0 = (long long)z * ATT_CHUNK; j0 < L; j0 += (long long)splits * ATT_CHUNK) {
         const int nk = (int)min((long long)ATT_CHUNK, L - j0);
-        for (int jb = warp * ATT_KEYS_PER_WARP; jb < nk; jb += nw * ATT_KEYS_PER_WARP) {
-            float a[ATT_KEYS_PER_WARP];
+        // scores: thread j takes key j0 + j, 8 row pieces in flight at a time
+        float s = NEG_INF;
+        if ((int)threadIdx.x < nk) {
+            const size_t row = row0 + j0 + threadIdx.x;
+            float a = 0.f;
+            for (int b0 = 0; b0 < d; b0 += 8 * ATT_VEC) {
+                KV8<INT8> kv[8];
 #pragma unroll
-            for (int u = 0; u < ATT_KEYS_PER_WARP; ++u) {
-                a[u] = 0.f;
-                const int jj = min(jb + u, nk - 1);  // past the chunk: recompute the last key, unused
-                const size_t row = row0 + j0 + jj;
+                for (int u = 0; u < 8; ++u)
+                    if (b0 + u * ATT_VEC < d) kv[u].load(K, KS, row, d, b0 + u * ATT_VEC);
 #pragma unroll
-                for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
-                    const int e = lane + 32 * j;
-                    if (e < d) a[u] = fmaf(qr[j], kv_elem<INT8>(K, KS, row, d, e), a[u]);
+                for (int u = 0; u < 8; ++u) {
+                    if (b0 + u * ATT_VEC < d) {
+                        float f[ATT_VEC];
+                        kv[u].unpack(f);
+#pragma unroll
+                        for (int i = 0; i < ATT_VEC; ++i) a = fmaf(qs[b0 + u * ATT_VEC + i], f[i], a);
+                    }
                 }
             }
-#pragma unroll
-            for (int u = 0; u < ATT_KEYS_PER_WARP; ++u) {
-                const float r = warp_sum(a[u]);
-                if (lane == 0 && jb + u < nk) sc[jb + u] = __fmul_rn(r, scale);
-            }
+            s = __fmul_rn(a, scale);
         }
-        __syncthreads();
-        float cm = NEG_INF;
-        for (int jj = threadIdx.x; jj < nk; jj += blockDim.x) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm, scratch);
+        const float cm = block_max(s, scratch);
         const float mn = fmaxf(m, cm);
         const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
-        float ps = 0.f;
-        for (int jj = threadIdx.x; jj < nk; jj += blockDim.x) {
-            const float e = expf(__fsub_rn(sc[jj], mn));
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps, scratch);  // its barriers publish sc
+        const float e = (int)threadIdx.x < nk ? expf(__fsub_rn(s, mn)) : 0.f;
+        sc[threadIdx.x] = e;
+        const float ps = block_sum(e, scratch);  // its barriers publish sc
         l = l * corr + ps;
-        acc *= corr;
         m = mn;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC; ++i) acc[i] *= corr;
         if (active) {
-            const size_t base = row0 + j0;
-#pragma unroll 8
-            for (int jj = part; jj < nk; jj += parts) acc = fmaf(sc[jj], kv_elem<INT8>(V, VS, base + jj, d, dim), acc);
+            for (int jb = grp; jb < nk; jb += 8 * groups) {
+                KV8<INT8> kv[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u)
+                    if (jb + u * groups < nk) kv[u].load(V, VS, row0 + j0 + jb + u * groups, d, e0);
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (jb + u * groups < nk) {
+                        const float p = sc[jb + u * groups];
+                        float f[ATT_VEC];
+                        kv[u].unpack(f);
+#pragma unroll
+                        for (int i = 0; i < ATT_VEC; ++i) acc[i] = fmaf(p, f[i], acc[i]);
+                    }
+                }
+            }
         }
         __syncthreads();  // sc is rewritten by the next chunk
     }
-    // sum the parts of each dimension
-    red[threadIdx.x] = active ? acc : 0.f;
+    // sum the groups of each dimension, in group order
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < ATT_VEC; ++i) red[grp * d + e0 + i] = acc[i];
+    }
     __syncthreads();
-    if (threadIdx.x < d) {
-        float r0 = 0.f;
-        for (int pp = 0; pp < parts; ++pp) r0 += red[pp * d + threadIdx.x];
-        const size_t o = ((size_t)t * n_head + h) * d;
-        if (splits == 1) {
+    float r0 = 0.f;
+    if ((int)threadIdx.x < d)
+        for (int g = 0; g < groups; ++g) r0 += red[g * d + threadIdx.x];
+    if (splits == 1) {
+        if ((int)threadIdx.x < d) {
             const float val = __fdiv_rn(r0, l);
             out[o + threadIdx.x] = val;
             // the Q8_1 blocks of the output for the projection that follows (d % 32 == 0:
             // whole warps, blocks inside one head)
             if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
-        } else {
-            float* pr = partials + (((size_t)t * n_head + h) * splits + z) * (d + 2);
-            pr[2 + threadIdx.x] = r0;
-            if (threadIdx.x == 0) {
-                pr[0] = m;
-                pr[1] = l;
-            }
         }
+        return;
+    }
+    float* pr = partials + (((size_t)t * n_head + h) * splits + z) * (d + 2);
+    if ((int)threadIdx.x < d) pr[2 + threadIdx.x] = r0;
+    if (threadIdx.x == 0) {
+        pr[0] = m;
+        pr[1] = l;
+    }
+    if (!counters) return;
+    __threadfence();  // partials visible device-wide before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* c = counters + (size_t)t * n_head + h;
+        last = atomicAdd(c, 1) == splits - 1;
+        if (last) *c = 0;  // ready for the next launch (graph replays included)
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* pb = partials + ((size_t)t * n_head + h) * splits * (d + 2);
+    float M = NEG_INF;
+    for (int zz = 0; zz < splits; ++zz) M = fmaxf(M, __ldcg(pb + zz * (d + 2)));
+    float Lsum = 0.f;
+    for (int zz = 0; zz < splits; ++zz) {
+        const float mz = __ldcg(pb + zz * (d + 2));
+        if (mz != NEG_INF) Lsum += __ldcg(pb + zz * (d + 2) + 1) * expf(mz - M);
+    }
+    if ((int)threadIdx.x < d) {
+        float a = 0.f;
+        for (int zz = 0; zz < splits; ++zz) {
+            const float mz = __ldcg(pb + zz * (d + 2));
+            if (mz != NEG_INF) a += __ldcg(pb + zz * (d + 2) + 2 + threadIdx.x) * expf(mz - M);
+        }
+        const float val = __fdiv_rn(a, Lsum);
+        out[o + threadIdx.x] = val;
+        if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
     }
 }
 
@@ -512,13 +592,15 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                            \
         NAME(const float* __restrict__ q, const long long* __restrict__ win, int n, int n_head, int n_kv, \
              int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials,      \
-             i8* __restrict__ q8, int* __restrict__ meta, float* __restrict__ s_out) {                    \
-        attention_kv_impl<INT8>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, q8, meta, s_out); \
+             int* __restrict__ counters, i8* __restrict__ q8, int* __restrict__ meta,                     \
+             float* __restrict__ s_out) {                                                                  \
+        attention_kv_impl<INT8>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, q8,   \
+                                meta, s_out);                                                            \
     }
 ATTENTION_KV(attention_kv_f16, false)
 ATTENTION_KV(attention_kv_i8, true)
 
-// Combine attention_kv's split partials: grid (n_head, n), block 128.
+// Combine attention_kv's split partials (when it had no counters): grid (n_head, n), block 128.
 extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,
                                               float* __restrict__ out, i8* __restrict__ q8, int* __restrict__ meta,
                                               float* __restrict__ s_out) {
@@ -546,45 +628,64 @@ extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, in
 
 // MoE routing, one warp per token: softmax over n_expert logits, the k most probable experts
 // (ties: lower id), their probabilities, renormalised when norm != 0. k <= 32, n_expert <= 1024.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int norm,
-                                     int* __restrict__ ids, float* __restrict__ wout) {
-    __shared__ unsigned taken[32];  // bitmask of chosen experts
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float* lr = logits + (size_t)t * n_expert;
+// Each lane keeps the probabilities of experts lane, lane + 32, ... in registers (PER of them),
+// so the k rounds of selection are warp arg-maxes with no memory traffic.
+template <int PER>
+__device__ __forceinline__ void moe_route_impl(const float* __restrict__ lr, int n_expert, int k, int norm,
+                                               int* __restrict__ ids, float* __restrict__ wout) {
+    const int lane = threadIdx.x & 31;
     float mx = NEG_INF;
-    for (int i = lane; i < n_expert; i += 32) mx = fmaxf(mx, lr[i]);
+#pragma unroll
+    for (int m = 0; m < PER; ++m)
+        if (lane + 32 * m < n_expert) mx = fmaxf(mx, lr[lane + 32 * m]);
     mx = warp_max(mx);
+    float ex[PER];
     float s = 0.f;
-    for (int i = lane; i < n_expert; i += 32) s += expf(__fsub_rn(lr[i], mx));
+    // the sum runs over i = lane, lane + 32, ... like the reference loop
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+        ex[m] = lane + 32 * m < n_expert ? expf(__fsub_rn(lr[lane + 32 * m], mx)) : 0.f;
+        if (lane + 32 * m < n_expert) s += ex[m];
+    }
     s = warp_sum(s);
-    taken[lane] = 0u;
-    __syncwarp();
-    float wsum = 0.f;
+    float p[PER];
+#pragma unroll
+    for (int m = 0; m < PER; ++m) p[m] = __fdiv_rn(ex[m], s);
+    unsigned taken = 0u;  // bit m: expert lane + 32 m chosen
+    float wsum = 0.f, mine = 0.f;
     for (int j = 0; j < k; ++j) {
         float best = NEG_INF;
         int bi = 0x7fffffff;
-        for (int i = lane; i < n_expert; i += 32) {
-            if (taken[i >> 5] & (1u << (i & 31))) continue;
-            const float p = __fdiv_rn(expf(__fsub_rn(lr[i], mx)), s);
-            if (p > best || (p == best && i < bi)) { best = p; bi = i; }
+#pragma unroll
+        for (int m = 0; m < PER; ++m) {
+            const int i = lane + 32 * m;
+            if (i < n_expert && !(taken & (1u << m)) && (p[m] > best || (p[m] == best && i < bi))) {
+                best = p[m];
+                bi = i;
+            }
         }
         for (int o = 16; o > 0; o >>= 1) {
             const float ob = __shfl_xor_sync(FULL_MASK, best, o);
             const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
             if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
         }
-        if (lane == 0) {
-            taken[bi >> 5] |= 1u << (bi & 31);
-            ids[(size_t)t * k + j] = bi;
-            wout[(size_t)t * k + j] = best;
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == j) {
+            ids[j] = bi;
+            mine = best;
         }
         wsum += best;
-        __syncwarp();
     }
-    if (norm && lane < k) {
-        const size_t o = (size_t)t * k + lane;
-        wout[o] = __fdiv_rn(wout[o], wsum);
-    }
+    if (lane < k) wout[lane] = norm ? __fdiv_rn(mine, wsum) : mine;
+}
+
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int norm,
+                                     int* __restrict__ ids, float* __restrict__ wout) {
+    const size_t t = blockIdx.x;
+    if (n_expert <= 256)
+        moe_route_impl<8>(logits + t * n_expert, n_expert, k, norm, ids + t * k, wout + t * k);
+    else
+        moe_route_impl<32>(logits + t * n_expert, n_expert, k, norm, ids + t * k, wout + t * k);
 }
 
 // y (n, e) = sum over j of d (n, k, e) * w (n, k), j ascending.

@@ -144,8 +144,10 @@ def attention(q, k, v, q_positions):
 # ---------------------------------------------------------------- decode-window kernels
 # (fused.cu's second half: graph-capturable, everything per window read from the window table)
 KV_MAX_HEAD_DIM = 256
+KV_HEAD_DIM_STEP = 8  # attention_kv loads 8 cache elements at once: head_dim % 8 == 0
 ATT_CHUNK = 256  # keys per thread block per step of attention_kv (fused.cu ATT_CHUNK)
 ATT_THREADS = 256  # fused.cu ATT_THREADS
+ROPE_WARPS = 4  # fused.cu ROPE_WARPS
 
 
 def add_rms_norm_q8(x, y, w, eps: float, q8=None):
@@ -204,8 +206,8 @@ def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, di
     ka, kt, kh = _strides(k)
     va, vt, vh = _strides(v)
     out = cp.empty((n, n_head, d), dtype=cp.float32)
-    warps = min(8, n_head + 2 * n_kv)  # fused.cu: __launch_bounds__(256)
-    _fn("rope_kv_write")((n,), (32 * warps,), (
+    heads = n_head + 2 * n_kv  # one warp per head row, ROPE_WARPS per block
+    _fn("rope_kv_write")((n, -(-heads // ROPE_WARPS)), (32 * ROPE_WARPS,), (
         qa, qt, qh, ka, kt, kh, va, vt, vh, out, win, np.int32(n), np.int32(n_head), np.int32(n_kv),
         np.int32(d), np.int32(layer), np.int32(bool(int8_cache)), np.int32(dim), np.float64(base),
         np.float64(scale), np.int32(bool(neox)),
@@ -214,20 +216,24 @@ def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, di
     return out
 
 
-def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q8=None):
+def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q8=None, counters=None):
     """Attention of the window's rotated queries q (n, n_head, d) contiguous over their spans'
     caches, key chunks spread over `splits` thread blocks per (head, token). -> (n, n_head * d).
-    q8: an mmvq.Q8Buffer (n, n_head * d) to receive the output's Q8_1 blocks too (d % 32 == 0)."""
+    q8: an mmvq.Q8Buffer (n, n_head * d) to receive the output's Q8_1 blocks too (d % 32 == 0).
+    counters: zeroed int32 device scratch of at least n * n_head entries (left zeroed): the
+    last split block of each (token, head) merges the partials itself; without it (or when too
+    small) a second launch, attention_kv_merge, does."""
     cp = _cp()
     n, n_head, d = (int(s) for s in q.shape)
     out = cp.empty((n, n_head * d), dtype=cp.float32)
     part = cp.empty((n, n_head, splits, d + 2), dtype=cp.float32) if splits > 1 else out
     qargs = (q8.q, q8.meta, q8.s) if q8 is not None and d % 32 == 0 else (np.uint64(0),) * 3
+    fuse_merge = splits > 1 and counters is not None and counters.size >= n * n_head
     args = (q, win, np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(layer),
-            np.float32(1.0 / float(d) ** 0.5), out, part)
+            np.float32(1.0 / float(d) ** 0.5), out, part, counters if fuse_merge else np.uint64(0))
     kernel = _fn("attention_kv_i8" if int8_cache else "attention_kv_f16")
-    kernel((n_head, n, splits), (ATT_THREADS,), args + (qargs if splits == 1 else (np.uint64(0),) * 3))
-    if splits > 1:
+    kernel((n_head, n, splits), (ATT_THREADS,), args + (qargs if splits == 1 or fuse_merge else (np.uint64(0),) * 3))
+    if splits > 1 and not fuse_merge:
         _fn("attention_kv_merge")((n_head, n), (128,), (part, np.int32(n_head), np.int32(d), np.int32(splits), out) + qargs)
     return out
 

@@ -324,6 +324,9 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
     const int lane = threadIdx.x & 31;
     if (vec) {
         const int nv = k / F::PER16;
+        // unrolled: a decode row is latency-bound, so several 16-byte loads go out at once
+        // (the sum order stays the loop's)
+#pragma unroll 8
         for (int v = lane; v < nv; v += 32) {
             float f[F::PER16];
             F::unpack(__ldg((const uint4*)row + v), f);
@@ -338,6 +341,7 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
             }
         }
     } else {
+#pragma unroll 4
         for (int i = lane; i < k; i += 32) {
             const float wv = F::get(row, i);
 #pragma unroll
