@@ -227,7 +227,10 @@ __device__ __forceinline__ void quant_block32(float v, int blk, i8* q8, int* met
 
 // x_out = x + y (y may be null: no add), h = rms_norm(x_out) * w, and h quantized to Q8_1
 // blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row,
-// up to one warp per 32-block (latency, not bandwidth, limits a decode row).
+// up to one warp per 32-block (latency, not bandwidth, limits a decode row). Thread i holds
+// elements i, i + blockDim.x, ... in registers (up to ARN_PER of them; longer rows re-read),
+// which are also the lane values of the Q8_1 blocks its warp quantizes.
+#define ARN_PER 16
 extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const float* __restrict__ y,
                                            const float* __restrict__ w, float* __restrict__ x_out,
                                            float* __restrict__ h, int n, float eps, i8* __restrict__ q8,
@@ -236,11 +239,29 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
     const size_t row = blockIdx.x;
     const float* xr = x + row * n;
     const float* yr = y ? y + row * n : nullptr;
+    const bool held = n <= ARN_PER * (int)blockDim.x;
+    float vals[ARN_PER];
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
-        if (yr) x_out[row * n + i] = v;
-        ss = fmaf(v, v, ss);
+    if (held) {
+#pragma unroll
+        for (int j = 0; j < ARN_PER; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            vals[j] = i < n ? (yr ? __fadd_rn(xr[i], yr[i]) : xr[i]) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < ARN_PER; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < n) {
+                if (yr) x_out[row * n + i] = vals[j];
+                ss = fmaf(vals[j], vals[j], ss);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
+            if (yr) x_out[row * n + i] = v;
+            ss = fmaf(v, v, ss);
+        }
     }
     ss = block_sum(ss, scratch);
     const float denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps));
@@ -253,6 +274,19 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int nb = n / 32;
+    if (held) {  // block b = warp + j * nw holds element threadIdx.x + j * blockDim.x at this lane
+#pragma unroll
+        for (int j = 0; j < ARN_PER; ++j) {
+            const int b = warp + j * nw;
+            if (b < nb) {
+                const int i = b * 32 + lane;
+                const float hv = __fmul_rn(__fdiv_rn(vals[j], denom), w[i]);
+                h[row * n + i] = hv;
+                quant_block32(hv, (int)(row * nb + b), q8, meta, s_out);
+            }
+        }
+        return;
+    }
     for (int b = warp; b < nb; b += nw) {
         const int i = b * 32 + lane;
         const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
@@ -276,10 +310,9 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* _
     quant_block32(v, (int)blk, q8, meta, s_out);
 }
 
-// Element e of a head row xr after RoPE, with cos/sin of pair i in c[i], s[i]; rope_f32's
-// formula, same bits.
 // A head row as RoPE reads it: the row itself, or rms_norm(row) * w (qwen3's per-head q/k norm;
-// denom from head_denom, so values are rms_norm_f32's bits for head_dim <= 128).
+// rope_kv_write works out denom in rms_norm_f32's order for one warp, so values are
+// rms_norm_f32's bits for head_dim <= 128).
 struct HeadRow {
     const float* x;
     const float* w;  // null: no norm
@@ -289,14 +322,8 @@ struct HeadRow {
     }
 };
 
-// sqrt(mean(x^2) + eps) of a head row, by one warp, in rms_norm_f32's order for one warp.
-__device__ __forceinline__ float head_denom(const float* x, int d, float eps) {
-    float ss = 0.f;
-    for (int e = threadIdx.x & 31; e < d; e += 32) ss = fmaf(x[e], x[e], ss);
-    ss = warp_sum(ss);
-    return __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
-}
-
+// Element e of a head row xr after RoPE, with cos/sin of pair i in c[i], s[i]; rope_f32's
+// formula, same bits.
 template <class Row>
 __device__ __forceinline__ float rope_elem(const Row& xr, int e, int dim, int neox, const float* c,
                                            const float* s) {
@@ -342,35 +369,54 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
                                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                          float eps) {
     __shared__ float cs_all[ROPE_WARPS][KV_MAX_PER_LANE * 16], sn_all[ROPE_WARPS][KV_MAX_PER_LANE * 16];
+    __shared__ float row_all[ROPE_WARPS][KV_MAX_PER_LANE * 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int hh = blockIdx.y * ROPE_WARPS + warp;
     if (hh >= n_head + 2 * n_kv) return;
+    // every load this warp needs goes out first (the row, and for k / v the cache table), so
+    // their latency overlaps the float64 cos/sin below instead of following it
+    const bool is_q = hh < n_head, is_k = !is_q && hh < n_head + n_kv;
+    const int h = is_q ? hh : is_k ? hh - n_head : hh - n_head - n_kv;
+    const float* x = is_q ? q + t * q_ts + h * q_hs : is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+    float raw[KV_MAX_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j) raw[j] = lane + 32 * j < d ? x[lane + 32 * j] : 0.f;
     const long long pos = win[t];
+    const long long* tab = is_q ? nullptr : (const long long*)win[2 * n + 3 * win[n + t] + 2];
     float* cs = cs_all[warp];
     float* sn = sn_all[warp];
-    if (hh < n_head + n_kv) {  // q and k rows rotate
+    if (!(hh >= n_head + n_kv)) {  // q and k rows rotate
         for (int i = lane; i < dim / 2; i += 32) {
             const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
             const double ang = ((double)pos / scale) * inv;
             cs[i] = (float)cos(ang);
             sn[i] = (float)sin(ang);
         }
-        __syncwarp();
     }
-    if (hh < n_head) {
-        const float* x = q + t * q_ts + hh * q_hs;
-        const HeadRow xr{x, q_norm, q_norm ? head_denom(x, d, eps) : 1.f};
-        float* o = q_out + ((size_t)t * n_head + hh) * d;
+    // the row through shared memory: RoPE pairs elements across lanes
+    float* xs = row_all[warp];
+    const float* nw = is_q ? q_norm : is_k ? k_norm : nullptr;
+    float denom = 1.f;
+    if (nw) {  // head_denom's order: lane sums its elements, then the warp
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < KV_MAX_PER_LANE; ++j)
+            if (lane + 32 * j < d) ss = fmaf(raw[j], raw[j], ss);
+        ss = warp_sum(ss);
+        denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
+    }
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j)
+        if (lane + 32 * j < d) xs[lane + 32 * j] = raw[j];
+    __syncwarp();
+    const HeadRow xr{xs, nw, denom};
+    if (is_q) {
+        float* o = q_out + ((size_t)t * n_head + h) * d;
         for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
         return;
     }
-    const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
     const long long cap = tab[0];
-    const bool is_k = hh < n_head + n_kv;
-    const int h = is_k ? hh - n_head : hh - n_head - n_kv;
-    const float* x = is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
-    const HeadRow xr{x, is_k ? k_norm : nullptr, is_k && k_norm ? head_denom(x, d, eps) : 1.f};
     const size_t at = ((size_t)h * cap + pos) * d;
     float vals[KV_MAX_PER_LANE];
     float amax = 0.f;
@@ -378,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
         const int e = lane + 32 * j;
         vals[j] = 0.f;
-        if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : xr[e];
+        if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : raw[j];
         amax = fmaxf(amax, fabsf(vals[j]));
     }
     const int which = is_k ? 0 : 1;
@@ -401,6 +447,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
 #define ATT_CHUNK 256  // keys per chunk: one thread block scores a chunk, one key per thread
 #define ATT_THREADS 256
 #define ATT_VEC 8  // cache elements a thread loads at once: 16 bytes of f16, 8 of int8
+#define ATT_LOADS 16  // loads a thread keeps in flight: a whole 128-wide key row, or 16 value rows
 
 // Eight consecutive elements of a cache row (f16 or int8 times the row's scale) as float32,
 // in one 16- or 8-byte load (d % 8 == 0, so every row start is aligned).
@@ -441,7 +488,7 @@ template <> struct KV8<true> {
 // order, as attention_kv_merge does (counters null: the host launches attention_kv_merge).
 // Decode is latency-bound, so each phase is one round of independent loads: thread j scores
 // key j of the chunk over the whole head (16-byte loads); for p @ v, d / 8 threads cover a
-// row, 8 elements each, and the 256 / (d / 8) row groups sum their keys 8 loads at a time,
+// row, 8 elements each, and the 256 / (d / 8) row groups sum their keys 16 loads at a time,
 // then add up through shared memory in group order. The order of every sum depends only on
 // the chunk, never on the grid, so results are batch-invariant.
 template <bool INT8>
@@ -485,13 +532,13 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
         if ((int)threadIdx.x < nk) {
             const size_t row = row0 + j0 + threadIdx.x;
             float a = 0.f;
-            for (int b0 = 0; b0 < d; b0 += 8 * ATT_VEC) {
-                KV8<INT8> kv[8];
+            for (int b0 = 0; b0 < d; b0 += ATT_LOADS * ATT_VEC) {
+                KV8<INT8> kv[ATT_LOADS];
 #pragma unroll
-                for (int u = 0; u < 8; ++u)
+                for (int u = 0; u < ATT_LOADS; ++u)
                     if (b0 + u * ATT_VEC < d) kv[u].load(K, KS, row, d, b0 + u * ATT_VEC);
 #pragma unroll
-                for (int u = 0; u < 8; ++u) {
+                for (int u = 0; u < ATT_LOADS; ++u) {
                     if (b0 + u * ATT_VEC < d) {
                         float f[ATT_VEC];
                         kv[u].unpack(f);
@@ -513,13 +560,13 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
 #pragma unroll
         for (int i = 0; i < ATT_VEC; ++i) acc[i] *= corr;
         if (active) {
-            for (int jb = grp; jb < nk; jb += 8 * groups) {
-                KV8<INT8> kv[8];
+            for (int jb = grp; jb < nk; jb += ATT_LOADS * groups) {
+                KV8<INT8> kv[ATT_LOADS];
 #pragma unroll
-                for (int u = 0; u < 8; ++u)
+                for (int u = 0; u < ATT_LOADS; ++u)
                     if (jb + u * groups < nk) kv[u].load(V, VS, row0 + j0 + jb + u * groups, d, e0);
 #pragma unroll
-                for (int u = 0; u < 8; ++u) {
+                for (int u = 0; u < ATT_LOADS; ++u) {
                     if (jb + u * groups < nk) {
                         const float p = sc[jb + u * groups];
                         float f[ATT_VEC];
@@ -664,11 +711,12 @@ __device__ __forceinline__ void moe_route_impl(const float* __restrict__ lr, int
                 bi = i;
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(FULL_MASK, best, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
-        }
+        // warp arg-max in two sm_80 reductions: probabilities are >= 0, so their bit patterns
+        // order like the values; a lane with no candidate offers 0 with no id
+        const unsigned key = bi != 0x7fffffff ? __float_as_uint(best) : 0u;
+        const unsigned top = __reduce_max_sync(FULL_MASK, key);
+        bi = (int)__reduce_min_sync(FULL_MASK, key == top ? (unsigned)bi : 0x7fffffffu);
+        best = __uint_as_float(top);
         if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
         if (lane == j) {
             ids[j] = bi;
