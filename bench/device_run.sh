@@ -8,6 +8,17 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3d)  # gate+up experts in one launch; norm back to v1; 8 loads in attention; dense-8b too
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('smollm', 'seed-moe-full', 'dense-8b'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  python3 bench/gpu_kernel_profile.py --pack /tmp/seed-moe-full --context 600 > $OUT/kprofile.log 2>&1
+  grep -v "^|---" $OUT/kprofile.log | cut -c1-100 | head -8; grep -E "sum|graph" $OUT/kprofile.log
+  python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --tokens 64 --runs 2 --ref 945,1488,2598,4530,49000 2>&1 | tail -3
+  python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --tokens 64 --runs 2 --ref 299,475,699,920,12487 2>&1 | tail -3
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --tokens 64 --runs 2 --ref 304,507,743,1008,9872 2>&1 | tail -3
+  ;;
 s3c)  # round 2: 16 loads in flight in attention, rope loads before trig, route by warp reductions, norm in registers
   python3 -m pytest -q -x tests/test_cuda_window.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -3 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

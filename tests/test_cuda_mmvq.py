@@ -108,6 +108,30 @@ def test_experts_bad_id_gives_nan_rows():
     assert np.isfinite(out[0, 0]).all() and np.isnan(out[0, 1]).all()
 
 
+@pytest.mark.parametrize("id1,id2", [(21, 18), (12, 12), (42, 20)], ids=["IQ3_S+IQ3_XXS", "Q4_K+Q4_K", "Q2_0+IQ4_NL"])
+def test_experts_pair_equals_two_launches(id1, id2):
+    """Gate and up in one launch (types may differ): the same bits as one launch each, a bad
+    id still NaN rows in both."""
+    n_expert, k = 6, 1024
+    rng = _rng(id1, id2, 5)
+    w1 = cp.asarray(np.stack([random_blocks(id1, 40, k, rng) for _ in range(n_expert)]))
+    w2 = cp.asarray(np.stack([random_blocks(id2, 52, k, rng) for _ in range(n_expert)]))
+    ids = rng.integers(0, n_expert, (3, 4)).astype(np.int32)
+    ids[2, 1] = n_expert + 3
+    x = cp.asarray(_x(rng, 3, k))
+    q8 = gpu.quantize_q8_1(x)
+    cp.full(1 << 20, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
+    g, u = gpu.mmvq_experts_pair(id1, w1, id2, w2, cp.asarray(ids), q8)
+    g_ref = gpu.mmvq_experts(id1, w1, cp.asarray(ids), x, q8=q8)
+    u_ref = gpu.mmvq_experts(id2, w2, cp.asarray(ids), x, q8=q8)
+    for got, ref in ((g, g_ref), (u, u_ref)):
+        got, ref = cp.asnumpy(got), cp.asnumpy(ref)
+        assert np.isnan(got[2, 1]).all() and np.isnan(ref[2, 1]).all()
+        got[2, 1] = ref[2, 1] = 0
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, ref)
+
+
 def test_more_columns_than_one_launch():
     tid = 12  # Q4_K
     rng = _rng(11)

@@ -73,6 +73,11 @@ class Backend(ABC):
         """expert_ids (n, k); x (n, in) shared by a token's k experts, or (n, k, in) one row per
         (token, expert) -> (n, k, out)."""
 
+    def linear_experts_pair(self, w1: Any, w2: Any, x: Any, expert_ids: Any) -> tuple[Any, Any]:
+        """Two expert matrices over the same x (n, in), e.g. gate and up: a backend may run
+        them together. -> ((n, k, out1), (n, k, out2))."""
+        return self.linear_experts(w1, x, expert_ids), self.linear_experts(w2, x, expert_ids)
+
     @abstractmethod
     def embed(self, table: Any, token_ids: Any) -> Any:
         """token_ids (n,) -> (n, n_embd) float32."""

@@ -392,6 +392,20 @@ class CudaBackend(Backend):
         sel = w.blocks[ids].astype(cp.float32)  # (n, k, rows, in)
         return cp.einsum("nkri,ni->nkr", sel, x)
 
+    def linear_experts_pair(self, w1: CudaExperts, w2: CudaExperts, x: Any, expert_ids: Any) -> tuple[Any, Any]:
+        mm = self._mmvq
+        quantized = all(w.native and w.type_id not in mm.FLOAT_TYPES for w in (w1, w2))
+        if not (self.fused and quantized and x.ndim == 2 and w1.blocks.shape[0] == w2.blocks.shape[0]):
+            return super().linear_experts_pair(w1, w2, x, expert_ids)
+        cp = self.xp
+        q8 = self._memo(x)
+        if q8 is None:
+            x = cp.ascontiguousarray(x, dtype=cp.float32)
+            q8 = self._quantize(x)
+            self._q8_memo = (x, q8)
+        ids = cp.asarray(expert_ids, dtype=cp.int32)
+        return mm.mmvq_experts_pair(w1.type_id, w1.blocks, w2.type_id, w2.blocks, ids, q8)
+
     def _prefill_path(self):
         if self._prefill is None:
             from strata.backend.cuda_prefill import PrefillPath

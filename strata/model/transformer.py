@@ -136,8 +136,7 @@ class BlockRunner:
         b, c = self.b, self.cfg
         logits = b.linear(bw.router, h)  # (n, n_expert)
         ids, w = b.route(logits, c.n_expert_used, c.norm_topk)
-        g = b.linear_experts(bw.gate_exps, h, ids)
-        u = b.linear_experts(bw.up_exps, h, ids)
+        g, u = b.linear_experts_pair(bw.gate_exps, bw.up_exps, h, ids)
         d = b.linear_experts(bw.down_exps, b.swiglu(g, u), ids)  # (n, k, n_embd)
         return b.combine_experts(d, w)
 

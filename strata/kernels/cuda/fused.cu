@@ -227,10 +227,7 @@ __device__ __forceinline__ void quant_block32(float v, int blk, i8* q8, int* met
 
 // x_out = x + y (y may be null: no add), h = rms_norm(x_out) * w, and h quantized to Q8_1
 // blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row,
-// up to one warp per 32-block (latency, not bandwidth, limits a decode row). Thread i holds
-// elements i, i + blockDim.x, ... in registers (up to ARN_PER of them; longer rows re-read),
-// which are also the lane values of the Q8_1 blocks its warp quantizes.
-#define ARN_PER 16
+// up to one warp per 32-block (latency, not bandwidth, limits a decode row).
 extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const float* __restrict__ y,
                                            const float* __restrict__ w, float* __restrict__ x_out,
                                            float* __restrict__ h, int n, float eps, i8* __restrict__ q8,
@@ -239,29 +236,11 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
     const size_t row = blockIdx.x;
     const float* xr = x + row * n;
     const float* yr = y ? y + row * n : nullptr;
-    const bool held = n <= ARN_PER * (int)blockDim.x;
-    float vals[ARN_PER];
     float ss = 0.f;
-    if (held) {
-#pragma unroll
-        for (int j = 0; j < ARN_PER; ++j) {
-            const int i = threadIdx.x + j * blockDim.x;
-            vals[j] = i < n ? (yr ? __fadd_rn(xr[i], yr[i]) : xr[i]) : 0.f;
-        }
-#pragma unroll
-        for (int j = 0; j < ARN_PER; ++j) {
-            const int i = threadIdx.x + j * blockDim.x;
-            if (i < n) {
-                if (yr) x_out[row * n + i] = vals[j];
-                ss = fmaf(vals[j], vals[j], ss);
-            }
-        }
-    } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
-            if (yr) x_out[row * n + i] = v;
-            ss = fmaf(v, v, ss);
-        }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
+        if (yr) x_out[row * n + i] = v;
+        ss = fmaf(v, v, ss);
     }
     ss = block_sum(ss, scratch);
     const float denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps));
@@ -274,19 +253,6 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int nb = n / 32;
-    if (held) {  // block b = warp + j * nw holds element threadIdx.x + j * blockDim.x at this lane
-#pragma unroll
-        for (int j = 0; j < ARN_PER; ++j) {
-            const int b = warp + j * nw;
-            if (b < nb) {
-                const int i = b * 32 + lane;
-                const float hv = __fmul_rn(__fdiv_rn(vals[j], denom), w[i]);
-                h[row * n + i] = hv;
-                quant_block32(hv, (int)(row * nb + b), q8, meta, s_out);
-            }
-        }
-        return;
-    }
     for (int b = warp; b < nb; b += nw) {
         const int i = b * 32 + lane;
         const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
@@ -447,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
 #define ATT_CHUNK 256  // keys per chunk: one thread block scores a chunk, one key per thread
 #define ATT_THREADS 256
 #define ATT_VEC 8  // cache elements a thread loads at once: 16 bytes of f16, 8 of int8
-#define ATT_LOADS 16  // loads a thread keeps in flight: a whole 128-wide key row, or 16 value rows
+#define ATT_LOADS 8  // loads a thread keeps in flight (16 cost 228 registers and measured no faster)
 
 // Eight consecutive elements of a cache row (f16 or int8 times the row's scale) as float32,
 // in one 16- or 8-byte load (d % 8 == 0, so every row start is aligned).
@@ -488,7 +454,7 @@ template <> struct KV8<true> {
 // order, as attention_kv_merge does (counters null: the host launches attention_kv_merge).
 // Decode is latency-bound, so each phase is one round of independent loads: thread j scores
 // key j of the chunk over the whole head (16-byte loads); for p @ v, d / 8 threads cover a
-// row, 8 elements each, and the 256 / (d / 8) row groups sum their keys 16 loads at a time,
+// row, 8 elements each, and the 256 / (d / 8) row groups sum their keys 8 loads at a time,
 // then add up through shared memory in group order. The order of every sum depends only on
 // the chunk, never on the grid, so results are batch-invariant.
 template <bool INT8>

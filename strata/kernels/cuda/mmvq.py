@@ -146,10 +146,13 @@ def quantize_q8_1(x_dev, out: Q8Buffer | None = None) -> Q8Buffer:
 # ------------------------------------------------------------------ launches
 @functools.cache
 def _resident_warps(type_id: int, name: str) -> int:
+    return _resident_warps_of(_function(type_id, name))
+
+
+def _resident_warps_of(fn) -> int:
     """Warps of this kernel that stay resident on the whole device at once (occupancy from
     its registers and shared memory), so a grid of that many warps runs in one wave."""
     cp = _cp()
-    fn = _function(type_id, name)
     attrs = cp.cuda.Device().attributes
     regs_per_warp = -(-fn.num_regs * 32 // 256) * 256
     by_regs = attrs["MaxRegistersPerMultiprocessor"] // max(1, regs_per_warp * WARPS)
@@ -159,10 +162,19 @@ def _resident_warps(type_id: int, name: str) -> int:
     return attrs["MultiProcessorCount"] * per_sm * WARPS
 
 
-def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1) -> int:
+def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1, resident: int | None = None) -> int:
     """Rows per warp: a multiple of RPW, few enough warps to stay resident in one wave."""
-    per = -(-rows * npairs // _resident_warps(type_id, name))
+    per = -(-rows * npairs // (resident or _resident_warps(type_id, name)))
     return max(RPW, -(-per // RPW) * RPW)
+
+
+@functools.cache
+def _pair_function(id1: int, id2: int):
+    """mmvq_ids_pair<id1, id2>, compiled on first use (one module per type pair)."""
+    name = f"mmvq_ids_pair<{id1}, {id2}>"
+    mod = _cp().RawModule(code=_source(), options=_OPTIONS, name_expressions=[name])
+    mod.compile()
+    return mod.get_function(name)
 
 
 def _weights(type_id: int, w_dev, k: int):
@@ -271,6 +283,42 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None, q8: Q8Buf
         qgrid = (-(-rows // (rpw * WARPS)), ncols * n_used)
         _function(t.id, name)(qgrid, (WARPS * 32,), common + (np.int32(rpw), act.q, act.meta, out))
     return out
+
+
+def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8Buffer):
+    """Two quantized expert matrices over the same quantized activations (gate and up) in one
+    launch: w1 (n_expert, rows1, row_bytes1) of type id1, w2 likewise, both with rows of q8.k
+    weights. -> (out1 (ncols, n_used, rows1), out2 (ncols, n_used, rows2))."""
+    cp = _cp()
+    ids = cp.ascontiguousarray(cp.asarray(expert_ids_dev, dtype=cp.int32))
+    ncols, n_used = ids.shape
+    parts = []
+    for tid, w_dev in ((id1, w1_dev), (id2, w2_dev)):
+        if tid in FLOAT_TYPES:
+            raise ValueError("mmvq_experts_pair: quantized weights only")
+        w3 = cp.asarray(w_dev)
+        n_expert, rows, row_bytes = w3.shape
+        t, w = _weights(tid, w3, q8.k)
+        if row_bytes != t.row_bytes(q8.k):
+            raise ValueError(f"mmvq_experts_pair: {t.name} rows are not {q8.k} weights long")
+        parts.append((w, n_expert, rows, row_bytes))
+    if parts[0][1] != parts[1][1] or ids.shape[0] != q8.ncols:
+        raise ValueError("mmvq_experts_pair: the two matrices must have the same experts and activations")
+    fn = _pair_function(id1, id2)
+    resident = _resident_warps_of(fn)
+    outs, launch = [], []
+    for w, n_expert, rows, row_bytes in parts:
+        rpw = _rows_per_warp(0, "", rows, ncols * n_used, resident=resident)
+        nb = -(-rows // (rpw * WARPS))
+        out = cp.empty((ncols, n_used, rows), dtype=cp.float32)
+        outs.append(out)
+        launch.append((w, np.int64(rows * row_bytes), np.int32(rows), np.int32(row_bytes), np.int32(rpw), nb, out))
+    if ncols * n_used:
+        (w1, eb1, r1, rb1, rpw1, nb1, o1), (w2, eb2, r2, rb2, rpw2, nb2, o2) = launch
+        fn((nb1 + nb2, ncols * n_used), (WARPS * 32,), (
+            w1, eb1, r1, rb1, rpw1, np.int32(nb1), o1, w2, eb2, r2, rb2, rpw2, o2,
+            np.int32(parts[0][1]), ids, np.int32(n_used), np.int32(q8.k), q8.q, q8.meta))
+    return outs[0], outs[1]
 
 
 # ------------------------------------------------------------------ native table

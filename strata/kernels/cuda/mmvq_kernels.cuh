@@ -230,18 +230,16 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int
 // Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
 // ids[p]'s matrix and activation column col. An id out of range writes NaN rows (the ids stay
 // on the device, so the host cannot check them without a sync).
-template <int ID>
-__global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w, long long expert_bytes,
-                                                       int n_expert, const int* __restrict__ ids, int n_used,
-                                                       int rows, int row_bytes, int k,
-                                                       int rows_per_warp, const i8* __restrict__ q8,
-                                                       const QMeta* __restrict__ meta, float* __restrict__ out) {
-    typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
-    __shared__ __align__(16) u32 tab[T::TAB_WORDS];
-    load_table<T>(tab);
+// The rows of one expert matrix a warp of block `bx` takes for column pair blockIdx.y (token
+// col = p / n_used, its expert ids[p]); an id outside 0..n_expert-1 gives NaN rows.
+template <class T>
+__device__ __forceinline__ void expert_rows(const u8* __restrict__ w, long long expert_bytes, int n_expert,
+                                            const int* __restrict__ ids, int n_used, int rows, int row_bytes,
+                                            int k, int rows_per_warp, int bx, const i8* __restrict__ q8,
+                                            const QMeta* __restrict__ meta, float* __restrict__ out, u8* sbuf,
+                                            const u32* tab) {
     const int warp = threadIdx.x >> 5;
-    const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
+    const int r0 = (bx * WARPS + warp) * rows_per_warp;
     const int r1 = min(rows, r0 + rows_per_warp);
     const int p = blockIdx.y;
     const int e = ids[p];
@@ -253,7 +251,47 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w,
         return;
     }
     stream_rows<T, 1>(w + (size_t)e * expert_bytes, r0, r1, row_bytes, k, q8 + (size_t)col * k,
-                      meta + (size_t)col * (k / 32), o, 0, smem[warp], tab);
+                      meta + (size_t)col * (k / 32), o, 0, sbuf, tab);
+}
+
+template <int ID>
+__global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w, long long expert_bytes,
+                                                       int n_expert, const int* __restrict__ ids, int n_used,
+                                                       int rows, int row_bytes, int k,
+                                                       int rows_per_warp, const i8* __restrict__ q8,
+                                                       const QMeta* __restrict__ meta, float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
+    __shared__ __align__(16) u32 tab[T::TAB_WORDS];
+    load_table<T>(tab);
+    expert_rows<T>(w, expert_bytes, n_expert, ids, n_used, rows, row_bytes, k, rows_per_warp, blockIdx.x, q8, meta,
+                   out, smem[threadIdx.x >> 5], tab);
+}
+
+// Two expert matrices over the same activations (an MoE's gate and up, which may differ in
+// type) in one launch: blocks [0, nb1) along x take the first, the rest the second. Decode is
+// latency-bound, so one launch instead of two saves a kernel's start and tail per layer.
+template <int ID1, int ID2>
+__global__ void __launch_bounds__(WARPS * 32) mmvq_ids_pair(
+    const u8* __restrict__ w1, long long eb1, int rows1, int row_bytes1, int rpw1, int nb1, float* __restrict__ out1,
+    const u8* __restrict__ w2, long long eb2, int rows2, int row_bytes2, int rpw2, float* __restrict__ out2,
+    int n_expert, const int* __restrict__ ids, int n_used, int k, const i8* __restrict__ q8,
+    const QMeta* __restrict__ meta) {
+    typedef TypeOf<ID1> T1;
+    typedef TypeOf<ID2> T2;
+    constexpr int S1 = Geometry<T1>::WARP_SMEM, S2 = Geometry<T2>::WARP_SMEM;
+    constexpr int TW = T1::TAB_WORDS > T2::TAB_WORDS ? T1::TAB_WORDS : T2::TAB_WORDS;
+    __shared__ __align__(16) u8 smem[WARPS][S1 > S2 ? S1 : S2];
+    __shared__ __align__(16) u32 tab[TW];
+    u8* sbuf = smem[threadIdx.x >> 5];
+    if ((int)blockIdx.x < nb1) {  // uniform per block: load_table's barrier is safe
+        load_table<T1>(tab);
+        expert_rows<T1>(w1, eb1, n_expert, ids, n_used, rows1, row_bytes1, k, rpw1, blockIdx.x, q8, meta, out1, sbuf, tab);
+    } else {
+        load_table<T2>(tab);
+        expert_rows<T2>(w2, eb2, n_expert, ids, n_used, rows2, row_bytes2, k, rpw2, blockIdx.x - nb1, q8, meta, out2,
+                        sbuf, tab);
+    }
 }
 
 // ---------------------------------------------------------------- activation quantization
