@@ -8,6 +8,21 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3e)  # MMVQ bandwidth (HBM-resident weights) at two in-flight depths; keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  for f in 3072 6144; do
+    STRATA_MMVQ_IN_FLIGHT=$f python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL,Q4_1,Q8_0 --cols 1,4 2>&1 | tail -9 | sed "s/^/[$f] /"
+  done | tee $OUT/mmvq.log
+  python3 bench/bench_mmvq.py --rows 4096 --k 14336 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1,4 2>&1 | tail -7 | tee -a $OUT/mmvq.log
+  ;;
+s3f)  # the test model: engine bench vs llama.cpp, GPU vs CPU vs reference, MTP and batch-MTP on the GPU (warmed)
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --tokens 128 \
+      --ref 945,1488,2598,4530,49000 2>&1 | tail -5 | tee $OUT/testmodel.log
+  python3 bench/gpu_engine_check.py --model /tmp/tm.gguf --ref .models/smollm2-greedy.json 2>&1 | tail -12 | tee $OUT/check.log
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --quick --per-kind 2 > $OUT/mtp.log 2>&1
+  tail -30 $OUT/mtp.log
+  ;;
 s3d)  # gate+up experts in one launch; norm back to v1; 8 loads in attention; dense-8b too
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

@@ -15,6 +15,7 @@ with NVRTC (cupy.RawModule; CuPy caches the binaries on disk).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ QUANT_TYPES = tuple(BY_NAME[n].id for n in QUANT_TYPE_NAMES)
 FLOAT_TYPES = tuple(BY_NAME[n].id for n in FLOAT_TYPE_NAMES)
 
 _HERE = Path(__file__).parent
-_OPTIONS = ("--use_fast_math", "-std=c++17")
+_OPTIONS = ("--use_fast_math", "-std=c++17") + (
+    (f"-DIN_FLIGHT={int(os.environ['STRATA_MMVQ_IN_FLIGHT'])}",) if os.environ.get("STRATA_MMVQ_IN_FLIGHT") else ())
 _lock = threading.Lock()
 
 

@@ -14,7 +14,9 @@
 // 32 weights, one per lane. An item is the tiles of RPW rows at the same position; STAGES
 // items live in shared memory per warp, STAGES - 1 of them in flight, so each warp keeps
 // about IN_FLIGHT bytes of weights on their way from HBM (Little's law: ~64 KB per SM).
+#ifndef IN_FLIGHT  // (bench/bench_mmvq.py tries others through STRATA_MMVQ_IN_FLIGHT)
 #define IN_FLIGHT 3072
+#endif
 template <class T> struct Geometry {
     static constexpr int CPB = T::BS / 32;  // chunks per block
     // chunks per lane per row per item: 2 where a round is small, to spread the per-item
