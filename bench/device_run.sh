@@ -8,6 +8,17 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3g)  # final: every GPU test; per-kernel profiles of the three packs; MMVQ in-flight 4096 vs 3072
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_mtp_defaults.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('smollm', 'seed-moe-full', 'dense-8b'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in smollm seed-moe-full dense-8b; do python3 bench/gpu_kernel_profile.py --pack /tmp/$p --context 600; done > $OUT/kprofile.log 2>&1
+  grep -E "^pack|sum of|as one graph" $OUT/kprofile.log
+  for f in 3072 4096; do
+    STRATA_MMVQ_IN_FLIGHT=$f python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1,4 2>&1 | tail -4 | sed "s/^/[$f] /"
+  done | tee $OUT/mmvq.log
+  ;;
 s3e)  # MMVQ bandwidth (HBM-resident weights) at two in-flight depths; keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   for f in 3072 6144; do

@@ -1,5 +1,6 @@
-"""MTP out of the box for the default model: on the GPU (where it measured faster), not on the
-CPU backend (where it measured slower); whatever the user names (--spec, --mtp, --spec-min-p) wins."""
+"""MTP for the default model by default only where DEFAULT_SPEC says it measured faster (no
+backend at present: it measured slower on both); whatever the user names (--spec, --mtp,
+--spec-min-p) wins."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ from tests.support.engines import load_engine
 
 
 def test_default_spec_policy():
-    assert default_spec("cuda", ()) == DEFAULT_SPEC["cuda"]
-    assert default_spec("cuda", ("--parallel",)) == DEFAULT_SPEC["cuda"]
-    assert default_spec("cuda", ("--spec-min-p",)) == (DEFAULT_SPEC["cuda"][0], None)  # the user's min-p stays
-    assert default_spec("cuda", ("--spec",)) is None  # --spec 0 turns it off, --spec K sets K
-    assert default_spec("cuda", ("--mtp",)) is None
-    assert default_spec("cpu", ()) is None
+    table = {"cuda": (3, 0.5)}
+    assert default_spec("cuda", (), table) == (3, 0.5)
+    assert default_spec("cuda", ("--parallel",), table) == (3, 0.5)
+    assert default_spec("cuda", ("--spec-min-p",), table) == (3, None)  # the user's min-p stays
+    assert default_spec("cuda", ("--spec",), table) is None  # --spec 0 turns it off, --spec K sets K
+    assert default_spec("cuda", ("--mtp",), table) is None
+    assert default_spec("cpu", (), table) is None
+
+
+def test_no_backend_defaults_to_mtp_while_it_measures_slower():
+    assert DEFAULT_SPEC == {}
+    assert default_spec("cuda", ()) is None and default_spec("cpu", ()) is None
 
 
 def test_default_model_on_the_cpu_runs_without_mtp():

@@ -81,7 +81,7 @@ class EngineCore:
 
             pack_arg = str(default_model_path())
             auto = default_spec(backend.name, opts.given_flags) if default_draft_path() else None
-            if auto is not None:  # MTP out of the box where it pays (the GPU)
+            if auto is not None:  # MTP by default where DEFAULT_SPEC says it pays
                 spec, min_p = auto
                 opts = dataclasses.replace(opts, spec=spec, spec_min_p=opts.spec_min_p if min_p is None else min_p)
                 self.opts = opts

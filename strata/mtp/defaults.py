@@ -1,7 +1,8 @@
 """The draft shipped with Strata for the default model (SmolLM2-135M-Instruct Q4_1).
 
 Made by `strata mtp train` (how: docs/MTP.md). The engine uses it when no --pack is given,
---spec K > 0 and no --mtp is named; and, on a GPU, by default (`default_spec`).
+--spec K > 0 and no --mtp is named; and by default on a backend where `DEFAULT_SPEC` says
+it measured faster (none at present).
 """
 
 from __future__ import annotations
@@ -17,17 +18,22 @@ def default_draft_path() -> Path | None:
     return path if path.is_file() else None
 
 
-# MTP for the default model where it measured faster than plain decoding: on the GPU (H200,
-# --spec 3 --spec-min-p 0.5: 1.06-1.10x on code / lists / prose, docs/MTP.md), not on the CPU
-# backend (0.87x at best), whose verification windows cost about one step per token.
-DEFAULT_SPEC = {"cuda": (3, 0.5)}
+# MTP for the default model on a backend only where it measures faster than plain decoding.
+# None does now: on the CPU backend verification windows cost about one step per token (0.87x
+# at best); on the GPU (H200, session 3) plain decoding got 1.6x faster (648 -> ~1000 tok/s)
+# while each draft step still waits on the host for its token, so --spec 3 --spec-min-p 0.5
+# fell from 1.06-1.10x to 0.81x (batch-MTP 0.77x / 0.68x at 2 / 4 slots; docs/MTP.md). The
+# table stays the one place to turn it on, e.g. {"cuda": (3, 0.5)}.
+DEFAULT_SPEC: dict[str, tuple[int, float]] = {}
 
 
-def default_spec(backend: str, given_flags: tuple[str, ...]) -> tuple[int, float | None] | None:
+def default_spec(backend: str, given_flags: tuple[str, ...],
+                 table: dict[str, tuple[int, float]] | None = None) -> tuple[int, float | None] | None:
     """(--spec, --spec-min-p) to run the default model with on this backend when the user named
     neither --spec nor --mtp, or None (leave MTP as asked). A --spec-min-p the user gave is kept
-    (None in the pair)."""
-    if "--spec" in given_flags or "--mtp" in given_flags or backend not in DEFAULT_SPEC:
+    (None in the pair). table: DEFAULT_SPEC unless given."""
+    table = DEFAULT_SPEC if table is None else table
+    if "--spec" in given_flags or "--mtp" in given_flags or backend not in table:
         return None
-    spec, min_p = DEFAULT_SPEC[backend]
+    spec, min_p = table[backend]
     return spec, (None if "--spec-min-p" in given_flags else min_p)
