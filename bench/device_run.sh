@@ -8,6 +8,16 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3h)  # draft chains (k greedy draft steps in one graph): GPU window tests; keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s3i)  # the test model: MTP with draft chains on the GPU, every --spec and min-p, batch-MTP at 2 and 4 slots
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 > $OUT/mtp.log 2>&1
+  grep -E "\| all \||^1 slot|^\| [24] \||greedy outputs|bench took" $OUT/mtp.log
+  ;;
 s3g)  # final: every GPU test; per-kernel profiles of the three packs; MMVQ in-flight 4096 vs 3072
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_mtp_defaults.py > $OUT/tests.log 2>&1
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

@@ -52,10 +52,11 @@ class Recorder:
 def install(rec: Recorder) -> None:
     from strata.kernels.cuda import fused, mmvq
 
-    fused_fn, mmvq_fn, quant_fn = fused._fn, mmvq._function, mmvq._quant_kernel
+    fused_fn, mmvq_fn, quant_fn, pair_fn = fused._fn, mmvq._function, mmvq._quant_kernel, mmvq._pair_function
     fused._fn = lambda name: rec.wrap(fused_fn(name), name)
     mmvq._function = lambda tid, name: rec.wrap(mmvq_fn(tid, name), name)
     mmvq._quant_kernel = lambda: rec.wrap(quant_fn(), "quantize_q8_1")
+    mmvq._pair_function = lambda a, b: rec.wrap(pair_fn(a, b), f"mmvq_ids_pair<{a}, {b}>")
 
 
 def graph_time(cp, body, repeats: int = 5) -> float:

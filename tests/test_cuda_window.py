@@ -276,8 +276,46 @@ def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
     got = [r[0] for r in run_all(mtp, prompts, greedy(20), threaded=False)]
     assert got == want
     graphs = mtp.model.b.graphs
-    assert any(key[0][0] == "draft" for key in graphs.graphs), "the draft never ran as a graph"
+    assert any(key[0][0] == "draft-chain" for key in graphs.graphs), "the draft never ran as a graph chain"
     assert graphs.replays > 0
+
+
+def test_draft_chain_equals_step_by_step(tmp_path):
+    """k greedy draft steps in one graph (each fed the last one's argmax on the device) give
+    the same ids, top probabilities and draft cache as k step_last calls."""
+    from tests.support.engines import load_engine, make_seed_moe
+
+    require_synth_tokenizer()
+    pack = make_seed_moe(tmp_path / "seed")
+    core, _ = load_engine(["--pack", str(pack), "--device", "cuda", "--mtp", str(pack / "mtp"), "--spec", "3"])
+    d, xp = core.draft, core.model.b.xp
+    rng = rng_of("chain")
+    E = core.model.cfg.n_embd
+    chained, stepped = [], []
+    for n in (5, 1, 3):
+        hist, toks = rng.integers(10, 1000, 7), rng.integers(10, 1000, n)
+        h0 = xp.asarray(rng.standard_normal((7, E)).astype(np.float32))
+        h1 = xp.asarray(rng.standard_normal((n, E)).astype(np.float32))
+        for items in (chained, stepped):
+            c = d.new_cache(256, "f16")
+            d.step_last([(c, hist, h0)], full=False)
+            items.append((c, toks, h1))
+    k = 3
+    ids, tops = d.chain_greedy(chained, k)
+    g, (sid, stop) = d.step_last(stepped, full=False)
+    committed = [c.length for c, _, _ in stepped]
+    want_ids, want_tops = [sid], [stop]
+    for _ in range(k - 1):
+        g, (sid, stop) = d.step_last([(c, [int(t)], g[i : i + 1]) for i, ((c, _, _), t) in enumerate(zip(stepped, sid))],
+                                     full=False)
+        want_ids.append(sid)
+        want_tops.append(stop)
+    assert np.array_equal(ids, np.stack(want_ids, axis=1))
+    assert np.array_equal(tops, np.stack(want_tops, axis=1))
+    for (ca, _, _), (cb, _, _), length in zip(chained, stepped, committed):
+        assert ca.length == length
+        assert same(ca._k[0][:, :length], cb._k[0][:, :length]) and same(ca._v[0][:, :length], cb._v[0][:, :length])
+    assert any(key[0][0] == "draft-chain" for key in core.model.b.graphs.graphs)
 
 
 def test_failed_capture_falls_back_to_eager_windows(tmp_path, capsys):

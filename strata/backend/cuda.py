@@ -101,7 +101,10 @@ class CudaBackend(Backend):
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self.prefill = self.fused and prefill_enabled()
         self._win = None  # the current window's table on the device (fused path)
-        self._win_static = None  # set by the graph runner: the table buffer a graph reads
+        # set by the graph runner: (table buffer a graph reads, [(offset, length, splits)] of each
+        # window the captured function begins, in order); _win_next counts the windows begun
+        self._win_static: tuple[Any, list[tuple[int, int, int]]] | None = None
+        self._win_next = 0
         self.splits = 1  # attention key splits of the current window
         # attention_kv's merge counters (one per token x head; the kernels leave them zeroed):
         # made here, never during a graph capture
@@ -295,7 +298,12 @@ class CudaBackend(Backend):
             self._win = None
             return self.xp.asarray(window_positions(spans))
         if self._win_static is not None:
-            self._win = self._win_static
+            buf, parts = self._win_static
+            if self._win_next >= len(parts):
+                raise RuntimeError(f"a graphed function began more than the {len(parts)} window(s) it declared")
+            off, length, self.splits = parts[self._win_next]
+            self._win_next += 1
+            self._win = buf[off : off + length]
         else:
             self._win = self.xp.asarray(self.window_table(spans))
             self.splits = self.splits_for(spans)

@@ -82,25 +82,32 @@ class WindowGraphs:
         return outs if logit_rows is not None else outs[0]
 
     def run_fn(self, owner: tuple, window, inputs: dict[str, Any], spans: Sequence[Any],
-               borrow: tuple[bool, ...] = ()) -> tuple[Any, ...]:
+               borrow: tuple[bool, ...] = (), more: Sequence[Sequence[Any]] = ()) -> tuple[Any, ...]:
         """Run window(device inputs) -> tuple of device arrays for these spans: eagerly and
         captured the first time a shape is seen, replayed after. inputs: name -> numpy or
         cupy array (their shapes are part of the key). Arrays out are fresh copies, except
         output i with borrow[i] true: the graph's own buffer, valid until its next replay
-        (for results read at once, e.g. copied to the host)."""
+        (for results read at once, e.g. copied to the host). more: the spans of further
+        windows the function begins after the first, in order (a chain of draft steps in one
+        graph); every window's table is worked out here, on the host, before the replay."""
         b = self.b
-        table = b.window_table(spans)  # builds cache tables here, never during capture
-        splits = b.splits_for(spans)
+        windows = [spans, *more]
+        tables = [b.window_table(w) for w in windows]  # builds cache tables here, never during capture
+        table = np.concatenate(tables)
+        parts, off = [], 0
+        for w, t in zip(windows, tables):
+            parts.append((off, len(t), b.splits_for(w)))
+            off += len(t)
         shapes = tuple((k, v.shape, str(v.dtype)) for k, v in inputs.items())
-        key = (owner, shapes, len(spans), splits, spans[0].cache.kind)
+        key = (owner, shapes, tuple(len(w) for w in windows), tuple(p[2] for p in parts), spans[0].cache.kind)
         with self.stream:
             if key not in self.graphs:
-                g, outs = self._capture(window, inputs, spans, table, splits)
+                g, outs = self._capture(window, inputs, spans, table, parts)
                 self.graphs[key] = g
                 return outs
             g = self.graphs[key]
             if g is None:
-                return self._eager(window, inputs, table, splits)
+                return self._eager(window, inputs, table, parts)
             for k, v in inputs.items():
                 if isinstance(v, np.ndarray):
                     g.inputs[k].set(v)
@@ -112,11 +119,11 @@ class WindowGraphs:
             lend = borrow + (False,) * (len(g.outputs) - len(borrow))
             return tuple(o if keep else o.copy() for o, keep in zip(g.outputs, lend))
 
-    def _capture(self, window, inputs: dict[str, Any], spans: Sequence[Any], table: Any, splits: int):
+    def _capture(self, window, inputs: dict[str, Any], spans: Sequence[Any], table: Any, parts: list):
         cp, b = self.b.xp, self.b
         static = {k: cp.array(v) for k, v in inputs.items()}  # the graph's own input buffers
         win = cp.asarray(table)
-        b._win_static, b.splits, b.capturing = win, splits, True
+        b._win_static, b._win_next, b.capturing = (win, parts), 0, True
         try:
             with cp.cuda.using_allocator(self.pool.malloc):
                 warm = window(static)  # the real result, and the pool's blocks
@@ -124,6 +131,7 @@ class WindowGraphs:
             del warm
             b._q8_memo = None  # would pin a pool block the capture expects free
             try:
+                b._win_next = 0
                 with cp.cuda.using_allocator(self.pool.malloc):
                     self._begin_capture()
                     try:
@@ -146,10 +154,10 @@ class WindowGraphs:
     def _begin_capture(self) -> None:
         self.stream.begin_capture()
 
-    def _eager(self, window, inputs: dict[str, Any], table: Any, splits: int) -> tuple[Any, ...]:
+    def _eager(self, window, inputs: dict[str, Any], table: Any, parts: list) -> tuple[Any, ...]:
         """A window of a shape that could not be captured: the same calls, launched one by one."""
         cp, b = self.b.xp, self.b
-        b._win_static, b.splits = cp.asarray(table), splits
+        b._win_static, b._win_next = (cp.asarray(table), parts), 0
         try:
             return tuple(window({k: cp.asarray(v) for k, v in inputs.items()}))
         finally:

@@ -185,6 +185,43 @@ class DraftModel:
             return outs[0], b.to_host(outs[1])
         return outs[0], (b.to_host(outs[1]), b.to_host(outs[2]))
 
+    def can_chain(self, items: list[tuple[KVCache, Any, Any]]) -> bool:
+        """Whether chain_greedy runs these items as one graph (a backend with window graphs)."""
+        graphs = getattr(self.b, "graphs", None)
+        return graphs is not None and graphs.takes([Span(c, c.length, int(np.asarray(t).size)) for c, t, _ in items])
+
+    def chain_greedy(self, items: list[tuple[KVCache, Any, Any]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """k greedy draft steps for several slots in one graph replay: step 1 over each item's
+        tokens (catch-up, as step_last), steps 2..k each fed the previous step's argmax and
+        draft hidden on the device, so the host waits once instead of once per step.
+        Returns host arrays (ids (n_items, k), top probabilities (n_items, k)). Each cache
+        keeps step 1's entries only (the speculative steps' entries are rolled back): the
+        same drafts and the same cache as k calls of step_last(full=False) that never stop.
+        Needs can_chain(items)."""
+        b = self.b
+        tokens, hidden, spans = self._prepare(items)
+        n = len(spans)
+        ends = np.cumsum([sp.count for sp in spans]) - 1
+        committed = [sp.start + sp.count for sp in spans]
+        for sp, c in zip(spans, committed):
+            sp.cache.ensure(c + k - 1)
+        steps = [[Span(sp.cache, c + j, 1) for sp, c in zip(spans, committed)] for j in range(k - 1)]
+
+        def window(d):
+            g, ids, top = self._last_rows(d["tokens"], d["hidden"], d["ends"], spans, full=False)
+            all_ids, all_top = [ids], [top]
+            for step in steps:
+                g, ids, top = self._last_rows(ids, g, d["rows"], step, full=False)
+                all_ids.append(ids)
+                all_top.append(top)
+            return b.xp.stack(all_ids, axis=1), b.xp.stack(all_top, axis=1)
+
+        inputs = {"tokens": tokens, "hidden": hidden, "ends": ends, "rows": np.arange(n)}
+        ids, top = b.graphs.run_fn(("draft-chain", id(self), k), window, inputs, spans, borrow=(True, True), more=steps)
+        for sp, c in zip(spans, committed):
+            sp.cache.length = c
+        return b.to_host(ids), b.to_host(top)
+
     def state_bytes(self, max_ctx: int, kind: str) -> int:
         """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""
         c = self.cfg

@@ -63,6 +63,8 @@ class DraftProposer:
         # greedy drafting needs each row's argmax and top probability only: computed on the
         # device, not over a vocabulary of floats on the host
         full = not all(is_greedy(params) for _, _, params in work)
+        if not full and d.can_chain(items):
+            return self._chained(work, items)
         g, rows = d.step_last(items, full=full)
         committed = [s.draft_cache.length for s, _, _ in work]
         out: list[tuple[list[int], list[Any]]] = [([], []) for _ in work]
@@ -93,4 +95,21 @@ class DraftProposer:
             live = nxt_live
         for (s, _, _), c in zip(work, committed):
             s.draft_cache.truncate(c)  # speculative entries are recomputed from true hiddens next time
+        return out
+
+    def _chained(self, work: list[tuple[Slot, int, SamplingParams]], items: list) -> list[tuple[list[int], list[Any]]]:
+        """Greedy drafting with window graphs: all k steps of every slot in one replay (each
+        step fed the last one's argmax on the device), then each slot keeps its drafts up to
+        the first whose top probability is under --spec-min-p: the drafts the step-by-step
+        loop makes, at one host wait per window instead of one per step."""
+        k = max(kk for _, kk, _ in work)
+        ids, tops = self.draft.chain_greedy(items, k)
+        out: list[tuple[list[int], list[Any]]] = []
+        for i, (_, kk, _) in enumerate(work):
+            drafts: list[int] = []
+            for j in range(kk):
+                if float(tops[i, j]) < self.min_p:
+                    break
+                drafts.append(int(ids[i, j]))
+            out.append((drafts, [None] * len(drafts)))
         return out
