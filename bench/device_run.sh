@@ -8,8 +8,12 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
-s3j)  # host time of MTP windows (cProfile) on the requantized test model (one upload)
-  python3 bench/mtp_host_profile.py --pack .models/mix.gguf --spec 1 --top 28 > $OUT/hostprof.log 2>&1
+s3j0)  # keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  ;;
+s3j)  # host time of MTP windows (cProfile) on the test model
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/mtp_host_profile.py --pack /tmp/tm.gguf --spec 1 --top 28 > $OUT/hostprof.log 2>&1
   cut -c1-150 $OUT/hostprof.log | grep -v "^$"
   ;;
 s3h)  # draft chains (k greedy draft steps in one graph): GPU window tests; keeps the test model's first half
