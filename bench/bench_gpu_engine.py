@@ -8,8 +8,10 @@ B x tokens / (time of a run generating 1 + tokens minus a run generating 1), gre
 ignored; prefill tok/s = 512 / time of one 512-token prompt generating 1 token. Median of 3
 after a warm-up run (which also captures the CUDA graphs of each window shape). Modes:
 graphs (default: CUDA graphs of decode windows), eager (STRATA_CUDA_GRAPHS=0: the same fused
-kernels launched one by one), generic (STRATA_CUDA_FUSED=0). --ref: llama.cpp's numbers on the
-same machine (tg B=1, B=2, ... then pp512), printed as ratios.
+kernels launched one by one), generic (STRATA_CUDA_FUSED=0), hostsample (graphs, but sampled rows
+copied to the host and drawn by strata.sampling instead of on the device). --ref: llama.cpp's
+numbers on the same machine (tg B=1, B=2, ... then pp512), printed as ratios. --sample
+"temperature=0.8,top_p=0.95": sampled decoding (seeded) instead of greedy.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ from strata.engine.options import parse_engine_args  # noqa: E402
 from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
 MODES = {"graphs": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1"},
+         "hostsample": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1"},
          "eager": {"STRATA_CUDA_GRAPHS": "0", "STRATA_CUDA_FUSED": "1"},
          "generic": {"STRATA_CUDA_GRAPHS": "0", "STRATA_CUDA_FUSED": "0"}}
 
 
+SAMPLING: dict = {"temperature": 0.0}  # --sample replaces it
+
+
 def timed(core, prompts, n):
-    hs = [core.submit(GenerationRequest(list(p), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
+    hs = [core.submit(GenerationRequest(list(p), SamplingParams(max_tokens=n, ignore_eos=True, seed=7, **SAMPLING)))
           for p in prompts]
     t0 = time.perf_counter()
     core.scheduler.run_until_idle()
@@ -59,7 +65,13 @@ def main() -> int:
     ap.add_argument("--modes", default="graphs,eager")
     ap.add_argument("--ref", default="")
     ap.add_argument("--extra", default="")
+    ap.add_argument("--sample", default="", help='e.g. "temperature=0.8,top_p=0.95" (default: greedy)')
     a = ap.parse_args()
+    if a.sample:
+        SAMPLING.clear()
+        for kv in a.sample.split(","):
+            k, v = kv.split("=")
+            SAMPLING[k.strip()] = int(v) if k.strip() == "top_k" else float(v)
     batches = [int(b) for b in a.batches.split(",")]
     ref = [float(r) for r in a.ref.split(",")] if a.ref else []
     rng = np.random.default_rng(0)
@@ -73,6 +85,8 @@ def main() -> int:
         t0 = time.perf_counter()
         core = EngineCore.load(parse_engine_args(args, serving=False), log=lambda s: None)
         print(f"[{mode}] loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        if mode == "hostsample":
+            core.model.b.samples_on_device = False
         vocab = core.model.n_vocab
         if prompts is None:
             prompts = [rng.integers(100, vocab - 100, 16).tolist() for _ in range(max(batches))]
@@ -98,7 +112,7 @@ def main() -> int:
     cols = [f"tg B={b}" for b in batches] + [f"pp{a.prompt}"]
     modes = a.modes.split(",")
     print()
-    print(f"pack: {a.pack}  {a.extra}")
+    print(f"pack: {a.pack}  {a.extra}  sampling: {SAMPLING}")
     print("| mode | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
     for mode in modes:
@@ -109,7 +123,7 @@ def main() -> int:
             print(f"| {mode} / llama.cpp | " + " | ".join(f"{table[(mode, c)] / r:.2f}" for c, r in zip(cols, ref)) + " |")
     if len(tokens_by_mode) > 1:
         first = next(iter(tokens_by_mode.values()))
-        print("greedy 33 tokens equal across modes:", all(t == first for t in tokens_by_mode.values()))
+        print("33 tokens (seeded) equal across modes:", all(t == first for t in tokens_by_mode.values()))
     return 0
 
 

@@ -8,6 +8,16 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3k)  # sampling on the device: kernel vs host sampler tests, window/backend tests, sampled decode speed
+  python3 -m pytest -q tests/test_cuda_sample.py tests/test_cuda_window.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
+  python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs,hostsample --tokens 64 --runs 2 --batches 1,4 \
+      --sample "temperature=0.8,top_p=0.95" 2>&1 | tail -6
+  python3 bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs,hostsample --tokens 64 --runs 2 --batches 1,4 \
+      --sample "temperature=0.7,min_p=0.05" 2>&1 | tail -5
+  ;;
 s3j0)  # keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   ;;

@@ -62,5 +62,14 @@ def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     return sample_from(distribution(logits, params), rng)
 
 
+def sampler_row(params: SamplingParams, u: float) -> tuple[float, float, float, float, float]:
+    """A request's filters and the uniform its rng drew, as a backend that samples on the
+    device takes them (Backend.sample_rows): temperature, top_k, top_p, min_p, u; greedy rows
+    have temperature 0 (argmax)."""
+    if is_greedy(params):
+        return (0.0, 0.0, 1.0, 0.0, 0.0)
+    return (float(params.temperature), float(params.top_k or 0), float(params.top_p), float(params.min_p), float(u))
+
+
 def make_rng(params: SamplingParams) -> np.random.Generator:
     return np.random.default_rng(params.seed)

@@ -99,6 +99,15 @@ class Backend(ABC):
         """Index of each row's largest value (the first on ties, as numpy)."""
         return self.xp.argmax(x, axis=-1)
 
+    samples_on_device = False  # whether sample_rows draws tokens itself
+
+    def sample_rows(self, logits: Any, params: np.ndarray) -> Any:
+        """Tokens drawn on the device from logits rows (n, V) with per-row params (n, 5) float64
+        (temperature, top_k, top_p, min_p, u: strata.kernels.cuda.sample's layout), exactly as
+        strata.sampling draws them from u; or None where the backend does not sample itself
+        (the host samples from the rows)."""
+        return None
+
     def top_rows(self, logits: Any) -> tuple[Any, Any]:
         """Per row: the argmax, and its softmax probability 1 / sum(exp(z - max)) (float32)."""
         xp = self.xp

@@ -106,6 +106,7 @@ class CudaBackend(Backend):
         self._win_static: tuple[Any, list[tuple[int, int, int]]] | None = None
         self._win_next = 0
         self.splits = 1  # attention key splits of the current window
+        self.samples_on_device = self.fused  # sampled rows drawn by kernels/cuda/sample.cu
         # attention_kv's merge counters (one per token x head; the kernels leave them zeroed):
         # made here, never during a graph capture
         self._att_counters = cp.zeros(ATT_COUNTERS, dtype=cp.int32) if self.fused else None
@@ -399,6 +400,13 @@ class CudaBackend(Backend):
             return self._mmvq.mmvq_experts(w.type_id, w.blocks, ids, x, q8=q8)
         sel = w.blocks[ids].astype(cp.float32)  # (n, k, rows, in)
         return cp.einsum("nkri,ni->nkr", sel, x)
+
+    def sample_rows(self, logits: Any, params: np.ndarray) -> Any:
+        if not self.fused or logits.ndim != 2:
+            return None
+        from strata.kernels.cuda import sample
+
+        return sample.sample_rows(self.xp.ascontiguousarray(logits, dtype=self.xp.float32), params)
 
     def linear_experts_pair(self, w1: CudaExperts, w2: CudaExperts, x: Any, expert_ids: Any) -> tuple[Any, Any]:
         mm = self._mmvq

@@ -26,7 +26,7 @@ from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
 from strata.model.transformer import Span, Transformer
 from strata.mtp.verify import verify
-from strata.sampling import distribution, is_greedy, log_softmax
+from strata.sampling import distribution, is_greedy, log_softmax, sampler_row
 
 
 class FaultInjector:
@@ -244,7 +244,11 @@ class Scheduler:
             # bytes to copy instead of a vocabulary of floats per row
             only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
                               for e in entries if e.kind == "decode" or e.wants_logits)
-            logits = b.to_host(b.argmax_rows(logits) if only_argmax else logits)
+            if only_argmax:
+                logits = b.to_host(b.argmax_rows(logits))
+            else:  # sampled rows: drawn on the device where it can, else the rows go to the host
+                ids = self._sample_on_device(entries, logits)
+                logits = b.to_host(ids if ids is not None else logits)
         else:
             hidden, logits = self.model.forward(tokens, spans), None
         li, off = 0, 0
@@ -260,6 +264,24 @@ class Scheduler:
                 self._after_decode(e, hidden[off : off + n], sp.start, logits[li : li + n])
                 li += n
             off += n
+
+    def _sample_on_device(self, entries: list[_Entry], logits: Any) -> Any:
+        """Token ids of every logits row, drawn by the backend (strata.kernels.cuda.sample) with
+        one uniform from each sampled slot's rng, as the host would draw it; None when this
+        window needs whole rows on the host (logprobs, or sampled MTP verification, which needs
+        the target's distributions) or the backend does not sample."""
+        b = self.model.b
+        rows = [e for e in entries if e.kind == "decode" or e.wants_logits]
+        if not b.samples_on_device or any(
+                e.slot.handle.request.params.logprobs or (e.drafts and not is_greedy(e.slot.handle.request.params))
+                for e in rows):
+            return None
+        params = []
+        for e in rows:
+            p = e.slot.handle.request.params
+            n = len(e.tokens) if e.kind == "decode" else 1
+            params += [sampler_row(p, e.slot.rng.random() if not is_greedy(p) else 0.0)] * n
+        return b.sample_rows(logits, np.asarray(params, dtype=np.float64))
 
     def _keep_hidden(self, s: Slot, h: Any, start: int, toks: list[int]) -> None:
         """Remember main hiddens/tokens the draft has not consumed yet (only if it may run)."""
@@ -286,6 +308,11 @@ class Scheduler:
         """Verify and emit; returns how many window tokens stay in the cache (1 + accepted)."""
         params = s.handle.request.params
         greedy = is_greedy(params)
+        if not greedy and not drafts and np.ndim(logits[0]) == 0:  # drawn on the device (_sample_on_device)
+            tok = int(logits[0])
+            if self._emit(s, tok, logits[0]):
+                s.pending = tok
+            return 1
         p = list(logits) if greedy else [distribution(row, params) for row in logits]
         verdict = verify(drafts, p, q, s.rng, greedy)
         for j, tok in enumerate(verdict.tokens):

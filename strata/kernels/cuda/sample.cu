@@ -1,0 +1,256 @@
+// Sampling on the device: one thread block per logits row draws the token that
+// strata.sampling would draw on the host from the same uniform u (temperature, then top-k,
+// top-p and min-p, then the inverse CDF in token-id order), so a sampled decode step copies
+// one id to the host instead of a vocabulary of floats, and no host code walks the vocabulary.
+//
+// Everything is float64 like the host code. Sums run in another order than numpy's, so the
+// token can differ from the host's only where u, top_p or min_p falls within rounding
+// (~1e-15 relative) of a cumulative boundary.
+//
+// Filters work on orderable 32-bit keys of the float32 logits: z = logit / T is monotonic in
+// the logit, so "the k largest z" and "the most probable tokens first" are orders of keys
+// (ties: lower token id first, as numpy's stable sorts). A radix select over the key's four
+// bytes finds the k-th largest key (top-k: counts) and the key where the sorted cumulative
+// mass reaches top_p (top-p: masses), one pass over the row per byte.
+
+#define SAMPLE_THREADS 1024
+#define NEG_INF_F __int_as_float(0xff800000)
+
+typedef unsigned int u32;
+
+__device__ __forceinline__ u32 key_of(float f) {
+    const u32 u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Block-wide reductions and an exclusive scan, for SAMPLE_THREADS threads. Each begins with a
+// barrier so its scratch may be reused by the next call.
+__device__ double block_sum_d(double v, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double r = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
+}
+
+__device__ unsigned block_sum_u(unsigned v, unsigned* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    unsigned r = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0u;
+    for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
+}
+
+// Exclusive prefix sum over threads in thread order (thread 0 gets 0), and the total.
+template <class T>
+__device__ T block_exclusive_scan(T v, T* scratch, T* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    T inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const T n = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += n;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < nw ? scratch[lane] : (T)0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const T n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        if (lane < nw) scratch[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    *total = scratch[nw - 1];
+    return (warp ? scratch[warp - 1] : (T)0) + inc - v;
+}
+
+// The largest logit and its first index (np.argmax).
+__device__ void row_argmax(const float* l, int c0, int c1, float* best_v, int* best_i, float* sv, int* si) {
+    float bv = NEG_INF_F;
+    int bi = 0x7fffffff;
+    for (int i = c0; i < c1; ++i) {
+        const float v = l[i];
+        if (v > bv) { bv = v; bi = i; }  // ascending i: the first of equals stays
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : NEG_INF_F;
+        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { sv[0] = bv; si[0] = bi; }
+    }
+    __syncthreads();
+    *best_v = sv[0];
+    *best_i = si[0];
+}
+
+// params per row (float64): temperature, top_k, top_p, min_p, u. Greedy (temperature <= 0 or
+// top_k == 1): the argmax. out: int64 token per row.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const float* __restrict__ logits, int V,
+                                                                        const double* __restrict__ params,
+                                                                        long long* __restrict__ out) {
+    __shared__ double dscr[32];
+    __shared__ unsigned uscr[32];
+    __shared__ float fscr[32];
+    __shared__ int iscr[32];
+    __shared__ double hist_m[256];
+    __shared__ unsigned hist_c[256];
+    __shared__ u32 s_digit;
+    __shared__ double s_above;
+    __shared__ unsigned s_left;
+    __shared__ int s_cut_index;
+    const int row = blockIdx.x;
+    const float* l = logits + (size_t)row * V;
+    const double* pr = params + (size_t)row * 5;
+    const double temp = pr[0], top_p = pr[2], min_p = pr[3], u = pr[4];
+    const long long top_k = (long long)pr[1];
+    // thread t owns the contiguous ids [c0, c1): scans run in token-id order
+    const int per = (V + blockDim.x - 1) / blockDim.x;
+    const int c0 = min(V, (int)threadIdx.x * per), c1 = min(V, c0 + per);
+    float lmax;
+    int imax;
+    row_argmax(l, c0, c1, &lmax, &imax, fscr, iscr);
+    if (temp <= 0.0 || top_k == 1) {
+        if (threadIdx.x == 0) out[row] = imax;
+        return;
+    }
+    // ---- top-k: the k-th largest key (elements with a smaller key are dropped)
+    u32 kmin = 0u;
+    if (top_k > 0 && top_k < V) {
+        u32 prefix = 0u, mask = 0u;
+        unsigned left = (unsigned)top_k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = threadIdx.x; b < 256; b += blockDim.x) hist_c[b] = 0u;
+            __syncthreads();
+            for (int i = c0; i < c1; ++i) {
+                const u32 k = key_of(l[i]);
+                if ((k & mask) == prefix) atomicAdd(&hist_c[(k >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                unsigned cum = 0u;
+                int d = 255;
+                for (; d > 0; --d) {
+                    if (cum + hist_c[d] >= left) break;
+                    cum += hist_c[d];
+                }
+                s_digit = (u32)d;
+                s_left = left - cum;
+            }
+            __syncthreads();
+            prefix |= s_digit << shift;
+            mask |= 255u << shift;
+            left = s_left;
+        }
+        kmin = prefix;
+    }
+    // ---- unnormalised probabilities w = exp(z - max z) of the tokens top-k keeps
+    const double zmax = (double)lmax / temp;
+    double part = 0.0;
+    for (int i = c0; i < c1; ++i) {
+        const float v = l[i];
+        if (key_of(v) >= kmin) part += exp((double)v / temp - zmax);
+    }
+    const double S = block_sum_d(part, dscr);
+    // ---- top-p: the key where the mass of the most probable tokens reaches top_p * S; among
+    // tokens with exactly that key, the first ones by id until the mass is reached
+    u32 pkey = kmin;  // tokens with key > pkey are kept, key == pkey up to id cut_index
+    int cut_index = 0x7fffffff;
+    if (top_p < 1.0) {
+        const double M = top_p * S;
+        u32 prefix = 0u, mask = 0u;
+        double above = 0.0;  // mass of tokens whose key is above the current prefix range
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int b = threadIdx.x; b < 256; b += blockDim.x) hist_m[b] = 0.0;
+            __syncthreads();
+            for (int i = c0; i < c1; ++i) {
+                const float v = l[i];
+                const u32 k = key_of(v);
+                if (k >= kmin && (k & mask) == prefix) atomicAdd(&hist_m[(k >> shift) & 255u], exp((double)v / temp - zmax));
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                double cum = above;
+                int d = 255;
+                for (; d > 0; --d) {
+                    if (cum + hist_m[d] >= M) break;
+                    cum += hist_m[d];
+                }
+                s_digit = (u32)d;
+                s_above = cum;
+            }
+            __syncthreads();
+            prefix |= s_digit << shift;
+            mask |= 255u << shift;
+            above = s_above;
+        }
+        pkey = prefix;
+        // tokens with key == pkey all have the same w: the host's cumsum keeps the first m
+        // of them (by id), m the fewest that reach M
+        const double w_eq = exp((double)__uint_as_float((pkey & 0x80000000u) ? (pkey & 0x7fffffffu) : ~pkey) / temp - zmax);
+        unsigned mine = 0u;
+        for (int i = c0; i < c1; ++i) mine += key_of(l[i]) == pkey;
+        unsigned total;
+        const unsigned before = block_exclusive_scan<unsigned>(mine, uscr, &total);
+        double need = ceil((M - above) / w_eq);
+        const unsigned m = (unsigned)fmin(fmax(need, 1.0), (double)total);
+        if (threadIdx.x == 0) s_cut_index = 0x7fffffff;
+        __syncthreads();
+        if (before < m && before + mine >= m) {  // this thread holds the m-th equal token
+            unsigned seen = before;
+            for (int i = c0; i < c1; ++i)
+                if (key_of(l[i]) == pkey && ++seen == m) { s_cut_index = i; break; }
+        }
+        __syncthreads();
+        cut_index = s_cut_index;
+    }
+    // ---- min-p (w >= min_p * max w, max w = 1), then the inverse CDF in id order
+    auto kept_w = [&](int i) -> double {
+        const float v = l[i];
+        const u32 k = key_of(v);
+        if (k < pkey || (k == pkey && i > cut_index)) return 0.0;
+        const double w = exp((double)v / temp - zmax);
+        return w >= min_p ? w : 0.0;
+    };
+    double mass = 0.0;
+    for (int i = c0; i < c1; ++i) mass += kept_w(i);
+    double W;
+    const double before = block_exclusive_scan<double>(mass, dscr, &W);
+    const double target = u * W;
+    if (threadIdx.x == 0) s_cut_index = -1;
+    __syncthreads();
+    if (mass > 0.0 && before <= target && target < before + mass) {
+        double run = before;
+        int pick = -1;
+        for (int i = c0; i < c1; ++i) {
+            const double w = kept_w(i);
+            if (w <= 0.0) continue;
+            pick = i;
+            run += w;
+            if (run > target) break;
+        }
+        s_cut_index = pick;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) out[row] = s_cut_index >= 0 ? s_cut_index : imax;  // rounding past the end: the argmax
+}
