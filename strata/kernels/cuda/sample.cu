@@ -14,6 +14,7 @@
 // mass reaches top_p (top-p: masses), one pass over the row per byte.
 
 #define SAMPLE_THREADS 1024
+#define CAND_LOG_W (-8.0)  // candidates: w >= exp(-8), the tokens within 8 temperatures of the best
 #define NEG_INF_F __int_as_float(0xff800000)
 
 typedef unsigned int u32;
@@ -134,9 +135,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
         if (threadIdx.x == 0) out[row] = imax;
         return;
     }
+    // Candidates: tokens with w = exp(z - max z) >= CAND_W. A radix pass over all V tokens
+    // piles most of them onto a few histogram bins (shared-memory atomics serialise), so when
+    // the candidates alone hold the k largest (top-k) or reach the top-p mass, the passes look
+    // at candidates only: the same answer, since every token above the cut is a candidate.
+    const double zmax = (double)lmax / temp;
+    const u32 ckey = key_of((float)((zmax + CAND_LOG_W) * temp));
+    unsigned ncand = 0u;
+    for (int i = c0; i < c1; ++i) ncand += key_of(l[i]) >= ckey;
+    ncand = block_sum_u(ncand, uscr);
     // ---- top-k: the k-th largest key (elements with a smaller key are dropped)
     u32 kmin = 0u;
     if (top_k > 0 && top_k < V) {
+        const u32 floor_key = ncand >= (unsigned)top_k ? ckey : 0u;
         u32 prefix = 0u, mask = 0u;
         unsigned left = (unsigned)top_k;
         for (int shift = 24; shift >= 0; shift -= 8) {
@@ -144,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
             __syncthreads();
             for (int i = c0; i < c1; ++i) {
                 const u32 k = key_of(l[i]);
-                if ((k & mask) == prefix) atomicAdd(&hist_c[(k >> shift) & 255u], 1u);
+                if (k >= floor_key && (k & mask) == prefix) atomicAdd(&hist_c[(k >> shift) & 255u], 1u);
             }
             __syncthreads();
             if (threadIdx.x == 0) {
@@ -165,19 +176,25 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
         kmin = prefix;
     }
     // ---- unnormalised probabilities w = exp(z - max z) of the tokens top-k keeps
-    const double zmax = (double)lmax / temp;
-    double part = 0.0;
+    double part = 0.0, part_c = 0.0;
     for (int i = c0; i < c1; ++i) {
         const float v = l[i];
-        if (key_of(v) >= kmin) part += exp((double)v / temp - zmax);
+        const u32 k = key_of(v);
+        if (k >= kmin) {
+            const double w = exp((double)v / temp - zmax);
+            part += w;
+            if (k >= ckey) part_c += w;
+        }
     }
     const double S = block_sum_d(part, dscr);
+    const double S_cand = block_sum_d(part_c, dscr);
     // ---- top-p: the key where the mass of the most probable tokens reaches top_p * S; among
     // tokens with exactly that key, the first ones by id until the mass is reached
     u32 pkey = kmin;  // tokens with key > pkey are kept, key == pkey up to id cut_index
     int cut_index = 0x7fffffff;
     if (top_p < 1.0) {
         const double M = top_p * S;
+        const u32 floor_key = S_cand >= M ? max(ckey, kmin) : kmin;
         u32 prefix = 0u, mask = 0u;
         double above = 0.0;  // mass of tokens whose key is above the current prefix range
         for (int shift = 24; shift >= 0; shift -= 8) {
@@ -186,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
             for (int i = c0; i < c1; ++i) {
                 const float v = l[i];
                 const u32 k = key_of(v);
-                if (k >= kmin && (k & mask) == prefix) atomicAdd(&hist_m[(k >> shift) & 255u], exp((double)v / temp - zmax));
+                if (k >= floor_key && (k & mask) == prefix) atomicAdd(&hist_m[(k >> shift) & 255u], exp((double)v / temp - zmax));
             }
             __syncthreads();
             if (threadIdx.x == 0) {
