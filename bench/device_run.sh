@@ -8,6 +8,10 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s3z)  # final: every GPU test on the final tree
+  python3 -m pytest -q tests/test_cuda_sample.py tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
 s3l)  # sampled decoding on the test model (real logits): device vs host sampling
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   for smp in "temperature=0.8,top_p=0.95" "temperature=0.7,min_p=0.05" "temperature=1.0,top_k=40"; do

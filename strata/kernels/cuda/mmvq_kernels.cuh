@@ -230,10 +230,9 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int
 }
 
 // Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
-// ids[p]'s matrix and activation column col. An id out of range writes NaN rows (the ids stay
-// on the device, so the host cannot check them without a sync).
-// The rows of one expert matrix a warp of block `bx` takes for column pair blockIdx.y (token
-// col = p / n_used, its expert ids[p]); an id outside 0..n_expert-1 gives NaN rows.
+// ids[p]'s matrix and activation column col; a warp of block `bx` takes its rows_per_warp
+// rows. An id out of range writes NaN rows (the ids stay on the device, so the host cannot
+// check them without a sync).
 template <class T>
 __device__ __forceinline__ void expert_rows(const u8* __restrict__ w, long long expert_bytes, int n_expert,
                                             const int* __restrict__ ids, int n_used, int rows, int row_bytes,

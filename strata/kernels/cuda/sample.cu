@@ -24,26 +24,16 @@ __device__ __forceinline__ u32 key_of(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Block-wide reductions and an exclusive scan, for SAMPLE_THREADS threads. Each begins with a
-// barrier so its scratch may be reused by the next call.
-__device__ double block_sum_d(double v, double* scratch) {
+// Block-wide sum and exclusive scan, for SAMPLE_THREADS threads. Each begins with a barrier
+// so its scratch may be reused by the next call.
+template <class T>
+__device__ T block_sum(T v, T* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    double r = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-    return r;
-}
-
-__device__ unsigned block_sum_u(unsigned v, unsigned* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    unsigned r = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0u;
+    T r = lane < (int)(blockDim.x >> 5) ? scratch[lane] : (T)0;
     for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
     return r;
 }
@@ -143,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
     const u32 ckey = key_of((float)((zmax + CAND_LOG_W) * temp));
     unsigned ncand = 0u;
     for (int i = c0; i < c1; ++i) ncand += key_of(l[i]) >= ckey;
-    ncand = block_sum_u(ncand, uscr);
+    ncand = block_sum<unsigned>(ncand, uscr);
     // ---- top-k: the k-th largest key (elements with a smaller key are dropped)
     u32 kmin = 0u;
     if (top_k > 0 && top_k < V) {
@@ -186,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
             if (k >= ckey) part_c += w;
         }
     }
-    const double S = block_sum_d(part, dscr);
-    const double S_cand = block_sum_d(part_c, dscr);
+    const double S = block_sum<double>(part, dscr);
+    const double S_cand = block_sum<double>(part_c, dscr);
     // ---- top-p: the key where the mass of the most probable tokens reaches top_p * S; among
     // tokens with exactly that key, the first ones by id until the mass is reached
     u32 pkey = kmin;  // tokens with key > pkey are kept, key == pkey up to id cut_index
