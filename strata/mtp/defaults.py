@@ -20,10 +20,10 @@ def default_draft_path() -> Path | None:
 
 # MTP for the default model on a backend only where it measures faster than plain decoding.
 # None does now: on the CPU backend verification windows cost about one step per token (0.87x
-# at best); on the GPU (H200, session 3) plain decoding got 1.6x faster (648 -> ~1000 tok/s)
-# while each draft step still waits on the host for its token, so --spec 3 --spec-min-p 0.5
-# fell from 1.06-1.10x to 0.81x (batch-MTP 0.77x / 0.68x at 2 / 4 slots; docs/MTP.md). The
-# table stays the one place to turn it on, e.g. {"cuda": (3, 0.5)}.
+# at best); on the GPU (H200, session 3) plain decoding got 1.6x faster (648 -> ~1000 tok/s),
+# and MTP fell from 1.06-1.10x (--spec 3 --spec-min-p 0.5) to 0.95x at best (--spec 1, with the
+# draft steps chained in one graph; batch-MTP 0.79x / 0.94x at 2 / 4 slots; docs/MTP.md). The
+# table stays the one place to turn it on, e.g. {"cuda": (1, 0.0)}.
 DEFAULT_SPEC: dict[str, tuple[int, float]] = {}
 
 
