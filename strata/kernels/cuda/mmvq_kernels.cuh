@@ -209,6 +209,12 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     }
 }
 
+// Rows [x, y) of a matrix that this thread's warp of block bx takes, rows_per_warp per warp.
+__device__ __forceinline__ int2 warp_rows(int bx, int rows_per_warp, int rows) {
+    const int r0 = (bx * WARPS + (int)(threadIdx.x >> 5)) * rows_per_warp;
+    return make_int2(r0, min(rows, r0 + rows_per_warp));
+}
+
 // out (NC, rows) = W (rows, k) . Q8(x) (NC, k). Each warp takes rows_per_warp consecutive rows
 // (the host sizes the grid to what stays resident, so all warps finish together). blockIdx.y
 // picks a group of NC columns: a wide window is one launch of many groups (each column's
@@ -221,12 +227,10 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int
     __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[T::TAB_WORDS];
     load_table<T>(tab);
-    const int warp = threadIdx.x >> 5;
-    const int r0 = (blockIdx.x * WARPS + warp) * rows_per_warp;
-    const int r1 = min(rows, r0 + rows_per_warp);
+    const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     const size_t g = blockIdx.y;
-    stream_rows<T, NC>(w, r0, r1, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
-                       smem[warp], tab);
+    stream_rows<T, NC>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
+                       smem[threadIdx.x >> 5], tab);
 }
 
 // Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
@@ -239,9 +243,8 @@ __device__ __forceinline__ void expert_rows(const u8* __restrict__ w, long long 
                                             int k, int rows_per_warp, int bx, const i8* __restrict__ q8,
                                             const QMeta* __restrict__ meta, float* __restrict__ out, u8* sbuf,
                                             const u32* tab) {
-    const int warp = threadIdx.x >> 5;
-    const int r0 = (bx * WARPS + warp) * rows_per_warp;
-    const int r1 = min(rows, r0 + rows_per_warp);
+    const int2 r = warp_rows(bx, rows_per_warp, rows);
+    const int r0 = r.x, r1 = r.y;
     const int p = blockIdx.y;
     const int e = ids[p];
     const int col = p / n_used;
