@@ -7,7 +7,8 @@ Measured like llama-batched-bench: B requests of a 16-token prompt at once; gene
 B x tokens / (time of a run generating 1 + tokens minus a run generating 1), greedy, EOS
 ignored; prefill tok/s = 512 / time of one 512-token prompt generating 1 token. Median of 3
 after a warm-up run (which also captures the CUDA graphs of each window shape). Modes:
-graphs (default: CUDA graphs of decode windows), eager (STRATA_CUDA_GRAPHS=0: the same fused
+graphs (default: CUDA graphs of decode windows), ungrouped (graphs, but MoE prefill runs one
+weight pass per (token, expert) pair instead of grouping pairs by expert), eager (STRATA_CUDA_GRAPHS=0: the same fused
 kernels launched one by one), generic (STRATA_CUDA_FUSED=0), hostsample (graphs, but sampled rows
 copied to the host and drawn by strata.sampling instead of on the device). --ref: llama.cpp's
 numbers on the same machine (tg B=1, B=2, ... then pp512), printed as ratios. --sample
@@ -32,7 +33,8 @@ from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
 from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
-MODES = {"graphs": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1"},
+MODES = {"graphs": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "1"},
+         "ungrouped": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "0"},
          "hostsample": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1"},
          "eager": {"STRATA_CUDA_GRAPHS": "0", "STRATA_CUDA_FUSED": "1"},
          "generic": {"STRATA_CUDA_GRAPHS": "0", "STRATA_CUDA_FUSED": "0"}}

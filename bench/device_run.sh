@@ -8,6 +8,15 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4a)  # session 4: every GPU test (grouped experts new; last session's tidy commit unrun); MoE prefill grouped vs not
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_sample.py tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs,ungrouped --batches 1,4 --tokens 32 --runs 3 \
+      --ref 299,699,12487 2>&1 | tee $OUT/moe_prefill.log | grep -E "^\||equal|pp512"
+  ;;
 s3z)  # final: every GPU test on the final tree
   python3 -m pytest -q tests/test_cuda_sample.py tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

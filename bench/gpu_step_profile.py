@@ -93,7 +93,7 @@ def op_profile(m, tok, cache, steps, width: int = 1):
     events = []
 
     def label_of(name, args):
-        if name in ("linear", "linear_experts"):
+        if name in ("linear", "linear_experts", "linear_experts_pair"):
             w = args[0]
             tag = w.names[0].split(".")[-2] if hasattr(w, "names") else "experts"
             nbytes = sum(p.blocks.nbytes for p in w.parts) if hasattr(w, "parts") else 0
@@ -121,7 +121,8 @@ def op_profile(m, tok, cache, steps, width: int = 1):
         setattr(owner, name, w)
         return f
 
-    names = ("linear", "linear_experts", "add_rms_norm", "swiglu", "route", "combine_experts", "embed")
+    names = ("linear", "linear_experts", "linear_experts_pair", "add_rms_norm", "swiglu", "route", "combine_experts",
+             "embed")
     originals = {n: wrap(n) for n in names}
     kernels = ("rope_kv_write", "attention_kv")  # attend's two launches, apart
     fk_originals = {n: wrap(n, b._fk) for n in kernels}
@@ -134,7 +135,9 @@ def op_profile(m, tok, cache, steps, width: int = 1):
             h = m.forward(np.asarray([tok]), [Span(cache, cache.length, 1)])
         else:  # one prefill window of `width` tokens on a fresh cache
             fresh = m.new_cache(4096, "f16")
-            h = m.forward(np.full(width, tok), [Span(fresh, 0, width)])[-1:]
+            # distinct tokens: an MoE routes them to many experts, as real text does
+            ids = np.random.default_rng(i).integers(100, m.n_vocab - 100, width)
+            h = m.forward(ids, [Span(fresh, 0, width)])[-1:]
         m.logits(h)
         cp.cuda.Device().synchronize()
         step = collections.defaultdict(float)

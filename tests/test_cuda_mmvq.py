@@ -132,6 +132,53 @@ def test_experts_pair_equals_two_launches(id1, id2):
         np.testing.assert_array_equal(got, ref)
 
 
+GROUPED_TYPES = [12, 21, 18, 42, 20, 2, 8, 14]  # Q4_K IQ3_S IQ3_XXS Q2_0 IQ4_NL Q4_0 Q8_0 Q6_K
+
+
+@pytest.mark.parametrize("type_id", GROUPED_TYPES, ids=[type_by_id(t).name for t in GROUPED_TYPES])
+def test_experts_grouped_equals_one_pass_per_pair(type_id):
+    """Prefill's grouped experts (one weight pass per tile of <= 8 pairs of one expert) give
+    the decode kernel's bits for every pair: tokens shared by their experts and one row per
+    pair, experts with 0, 1, 8 and 17 pairs (partial and whole tiles), bad ids NaN."""
+    n_expert, rows, k, n, n_used = 7, 45, 1024, 29, 3
+    rng = _rng(type_id, 31)
+    w = cp.asarray(np.stack([random_blocks(type_id, rows, k, rng) for _ in range(n_expert)]))
+    counts = {0: 17, 1: 8, 3: 1}  # expert 2, 5, 6 unused; the rest spread over 4 and the bad ids
+    flat = np.concatenate([np.full(c, e) for e, c in counts.items()] + [np.full(n * n_used - 26 - 3, 4)]
+                          + [np.array([-1, n_expert, 99])]).astype(np.int32)
+    ids = rng.permutation(flat).reshape(n, n_used)
+    ids_d = cp.asarray(ids)
+    plan = gpu.expert_plan(ids_d, n_expert)
+    x = cp.asarray(_x(rng, n, k))
+    q8 = gpu.quantize_q8_1(x)
+    per_x = cp.asarray(_x(rng, n * n_used, k))
+    per_q8 = gpu.quantize_q8_1(per_x)
+    bad = ~((ids >= 0) & (ids < n_expert)).reshape(-1)
+    for per_pair, act, act_q8, ref_ids in ((False, x, q8, ids_d), (True, per_x, per_q8, ids_d.reshape(-1, 1))):
+        cp.full(1 << 22, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
+        got = cp.asnumpy(gpu.mmvq_experts_grouped(type_id, w, plan, act_q8, per_pair=per_pair))
+        ref = cp.asnumpy(gpu.mmvq_experts(type_id, w, ref_ids, act, q8=act_q8)).reshape(n * n_used, rows)
+        assert np.isnan(got[bad]).all() and np.isnan(ref[bad]).all()
+        assert np.isfinite(got[~bad]).all(), f"unwritten outputs (seed {SEED})"
+        np.testing.assert_array_equal(got[~bad], ref[~bad])
+
+
+def test_expert_plan_tiles_cover_every_pair_once():
+    rng = _rng(77)
+    n_expert = 16
+    ids = rng.integers(0, n_expert, (200, 4)).astype(np.int32)
+    ids[ids == 3] = 5  # an unused expert
+    plan = gpu.expert_plan(cp.asarray(ids), n_expert)
+    tiles, used = cp.asnumpy(plan.tiles), int(cp.asnumpy(plan.n_tiles)[0])
+    order = cp.asnumpy(plan.order)
+    seen = np.zeros(ids.size, np.int64)
+    for e, s0, nc, _ in tiles[:used]:
+        assert 1 <= nc <= gpu.GROUP_COLS
+        assert (ids.reshape(-1)[order[s0 : s0 + nc]] == e).all()
+        seen[order[s0 : s0 + nc]] += 1
+    assert (seen == 1).all() and used <= plan.max_tiles
+
+
 def test_more_columns_than_one_launch():
     tid = 12  # Q4_K
     rng = _rng(11)

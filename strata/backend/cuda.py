@@ -31,6 +31,16 @@ from strata.kernels.ggml_types import type_by_id, type_by_name
 FUSED_ENV = "STRATA_CUDA_FUSED"
 PREFILL_ENV = "STRATA_CUDA_PREFILL"
 MAX_SPLITS = 64  # attention key splits per (head, token)
+GROUPED_ENV = "STRATA_CUDA_GROUPED"
+# Experts grouped by expert (mmvq_grouped: one weight pass per tile of up to 8 pairs of one
+# expert) from this many (token, expert) pairs per expert on average: prefill windows. Decode
+# windows (a few tokens, captured in graphs) keep one pass per pair; both give the same bits.
+GROUPED_PAIRS_PER_EXPERT = 2
+
+
+def grouped_enabled() -> bool:
+    """Grouped experts for wide windows: on unless STRATA_CUDA_GROUPED=0 (benchmarks compare)."""
+    return os.environ.get(GROUPED_ENV, "1") != "0"
 ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
 
 
@@ -96,10 +106,12 @@ class CudaBackend(Backend):
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
         self._q8_memo: tuple[Any, Any] | None = None  # (activations, their Q8Buffer)
+        self._plan_memo: tuple[Any, Any] | None = None  # (expert ids, their mmvq.ExpertPlan)
         self._uploads: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, its blocks on the device)
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self.prefill = self.fused and prefill_enabled()
+        self.grouped = self.fused and grouped_enabled()
         self._win = None  # the current window's table on the device (fused path)
         # set by the graph runner: (table buffer a graph reads, [(offset, length, splits)] of each
         # window the captured function begins, in order); _win_next counts the windows begun
@@ -303,7 +315,7 @@ class CudaBackend(Backend):
     def begin_window(self, spans: Sequence[Any]) -> Any:
         """Uploads the window table (fused.cu) unless a graph runner filled its own buffer;
         returns the positions, the table's first n entries."""
-        self._q8_memo = None
+        self._q8_memo = self._plan_memo = None
         n = int(sum(sp.count for sp in spans))
         if not self.fused or not self._cuda_caches(spans):
             self._win = None
@@ -397,6 +409,8 @@ class CudaBackend(Backend):
         q8 = self._memo(x)
         ids = cp.asarray(expert_ids, dtype=cp.int32)
         n, k = ids.shape
+        if self._grouped(ids, w):
+            return self._experts_grouped(w, x, ids)
         if x.ndim == 3:  # one input row per (token, expert): flatten to n*k columns of 1 expert
             flat_x = cp.ascontiguousarray(x.reshape(n * k, -1), dtype=cp.float32)
             if q8 is not None:
@@ -423,9 +437,36 @@ class CudaBackend(Backend):
         quantized = all(w.native and w.type_id not in mm.FLOAT_TYPES for w in (w1, w2))
         if not (self.fused and quantized and x.ndim == 2 and w1.blocks.shape[0] == w2.blocks.shape[0]):
             return super().linear_experts_pair(w1, w2, x, expert_ids)
-        _, q8 = self._q8_for(x)
         ids = self.xp.asarray(expert_ids, dtype=self.xp.int32)
+        if self._grouped(ids, w1, w2):
+            return self._experts_grouped(w1, x, ids), self._experts_grouped(w2, x, ids)
+        _, q8 = self._q8_for(x)
         return mm.mmvq_experts_pair(w1.type_id, w1.blocks, w2.type_id, w2.blocks, ids, q8)
+
+    def _grouped(self, ids: Any, *ws: CudaExperts) -> bool:
+        """Whether these experts run grouped by expert: quantized native weights, an eager
+        window (the plan's sort allocates: never while a graph is captured), many pairs."""
+        mm = self._mmvq
+        n_expert = int(ws[0].blocks.shape[0])
+        return (self.grouped and not self.capturing and ids.ndim == 2
+                and all(w.native and w.type_id not in mm.FLOAT_TYPES and w.blocks.shape[0] == n_expert for w in ws)
+                and ids.size >= GROUPED_PAIRS_PER_EXPERT * n_expert)
+
+    def _experts_grouped(self, w: CudaExperts, x: Any, ids: Any) -> Any:
+        """x (n, in) shared by a token's experts or (n, k, in) one row per pair -> (n, k, out)."""
+        mm = self._mmvq
+        n, k = ids.shape
+        n_expert = int(w.blocks.shape[0])
+        memo = self._plan_memo
+        if memo is None or memo[0] is not ids or memo[1].n_expert != n_expert:
+            memo = (ids, mm.expert_plan(ids, n_expert))  # gate, up and down share one plan
+            self._plan_memo = memo
+        q8 = self._memo(x)
+        per_pair = x.ndim == 3
+        if q8 is None:
+            _, q8 = self._q8_for(x.reshape(n * k, -1) if per_pair else x)
+        out = mm.mmvq_experts_grouped(w.type_id, w.blocks, memo[1], q8, per_pair=per_pair)
+        return out.reshape(n, k, -1)
 
     def _prefill_path(self):
         if self._prefill is None:

@@ -9,6 +9,7 @@ with NVRTC (cupy.RawModule; CuPy caches the binaries on disk).
     quantize_q8_1(x_dev) -> Q8Buffer
     mmvq(type_id, w_dev, rows, k, x_dev, out=None) -> (ncols, rows) float32 cupy array
     mmvq_experts(type_id, w_dev, expert_ids_dev, x_dev, out=None) -> (ncols, n_used, rows)
+    mmvq_experts_grouped(type_id, w_dev, expert_plan(ids, n_expert), q8) -> (pairs, rows)  (prefill)
     supported_types() -> tuple of GGML type ids;  register(table): fill the native kernel table
 """
 
@@ -321,6 +322,100 @@ def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8
             w1, eb1, r1, rb1, rpw1, np.int32(nb1), o1, w2, eb2, r2, rb2, rpw2, o2,
             np.int32(parts[0][1]), ids, np.int32(n_used), np.int32(q8.k), q8.q, q8.meta))
     return outs[0], outs[1]
+
+
+# ------------------------------------------------------------------ experts grouped by expert
+GROUP_COLS = 8  # columns per tile of mmvq_grouped; must match mmvq_kernels.cuh
+
+
+@dataclass
+class ExpertPlan:
+    """The (token, expert) pairs of a window sorted by expert, cut into tiles of at most
+    GROUP_COLS pairs of one expert (mmvq_grouped's grid). Made on the device from the ids
+    (no host round trip); out-of-range ids form one more bucket, expert n_expert (NaN rows)."""
+
+    order: object  # int64 (pairs,): sorted position -> pair index (pair = token * n_used + slot)
+    tiles: object  # int32 (max_tiles, 4): expert, first sorted position, columns, 0
+    n_tiles: object  # int32 (1,): tiles in use
+    max_tiles: int
+    pairs: int
+    n_used: int
+    n_expert: int
+
+
+def expert_plan(expert_ids_dev, n_expert: int) -> ExpertPlan:
+    """ids (ncols, n_used) int32 on the device -> the ExpertPlan of its pairs."""
+    cp = _cp()
+    ids = cp.asarray(expert_ids_dev, dtype=cp.int32)
+    if ids.ndim != 2:
+        raise ValueError(f"expert_plan: expert_ids must be (ncols, n_used), got {ids.shape}")
+    n_used = int(ids.shape[1])
+    flat = ids.reshape(-1)
+    pairs = int(flat.size)
+    bucket = cp.where((flat >= 0) & (flat < n_expert), flat, n_expert)
+    # unique keys: the sort is stable whatever the algorithm (pairs of one expert stay in order)
+    order = cp.argsort(bucket.astype(cp.int64) * max(1, pairs) + cp.arange(pairs, dtype=cp.int64))
+    counts = cp.bincount(bucket, minlength=n_expert + 1)
+    starts = cp.cumsum(counts) - counts
+    per = (counts + GROUP_COLS - 1) // GROUP_COLS
+    ends = cp.cumsum(per)
+    max_tiles = -(-pairs // GROUP_COLS) + n_expert + 1  # each bucket wastes at most one tile
+    t = cp.arange(max_tiles, dtype=cp.int64)
+    e = cp.minimum(cp.searchsorted(ends, t, side="right"), n_expert)  # tiles past the end: ignored
+    j = t - (ends[e] - per[e])  # tile index within its expert
+    tiles = cp.zeros((max_tiles, 4), dtype=cp.int32)
+    tiles[:, 0] = e
+    tiles[:, 1] = starts[e] + j * GROUP_COLS
+    tiles[:, 2] = cp.minimum(GROUP_COLS, counts[e] - j * GROUP_COLS)
+    return ExpertPlan(order, tiles, ends[-1:].astype(cp.int32), max_tiles, pairs, n_used, n_expert)
+
+
+@functools.cache
+def _grouped_function(type_id: int):
+    """mmvq_grouped<type_id>, compiled on first use (prefill only: kept out of the type module)."""
+    name = f"mmvq_grouped<{type_id}>"
+    mod = _cp().RawModule(code=_source(), options=_OPTIONS, name_expressions=[name])
+    mod.compile()
+    return mod.get_function(name)
+
+
+def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, per_pair: bool = False):
+    """Experts mat-vec for many pairs, one weight pass per tile of pairs sharing an expert:
+    w (n_expert, rows, row_bytes); q8 the quantized activations, one column per token
+    (per_pair=False: a token's n_used experts read its column) or one per pair (per_pair=True).
+    -> float32 (pairs, rows) in pair order, bitwise what mmvq_experts gives."""
+    cp = _cp()
+    if type_id in FLOAT_TYPES:
+        raise ValueError("mmvq_experts_grouped: quantized weights only")
+    w3 = cp.asarray(w_dev)
+    n_expert, rows, row_bytes = w3.shape
+    if n_expert != plan.n_expert:
+        raise ValueError(f"mmvq_experts_grouped: the plan is for {plan.n_expert} experts, the weights have {n_expert}")
+    k = q8.k
+    t, w = _weights(type_id, w3, k)
+    if row_bytes != t.row_bytes(k):
+        raise ValueError(f"mmvq_experts_grouped: {t.name} rows are not {k} weights long")
+    want = plan.pairs if per_pair else plan.pairs // max(1, plan.n_used)
+    if q8.ncols != want:
+        raise ValueError(f"mmvq_experts_grouped: {q8.ncols} activation columns, the plan needs {want}")
+    out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    if plan.pairs == 0:
+        return out
+    src = plan.order if per_pair else plan.order // plan.n_used  # activation column of each sorted pair
+    kb = k // QK
+    # gathered in sorted order, + GROUP_COLS rows a tile may read past its columns (not stored)
+    qg = cp.zeros((plan.pairs + GROUP_COLS, k), dtype=cp.int8)
+    mg = cp.zeros((plan.pairs + GROUP_COLS, kb, 2), dtype=cp.int32)
+    qg[: plan.pairs] = q8.q[src]
+    mg[: plan.pairs] = q8.meta[src]
+    fn = _grouped_function(t.id)
+    rpw = _rows_per_warp(0, "", rows, plan.max_tiles, resident=_resident_warps_of(fn))
+    sorted_out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    fn((-(-rows // (rpw * WARPS)), plan.max_tiles), (WARPS * 32,), (
+        w, np.int64(rows * row_bytes), np.int32(n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
+        np.int32(row_bytes), np.int32(k), np.int32(rpw), qg, mg, sorted_out))
+    out[plan.order] = sorted_out
+    return out
 
 
 # ------------------------------------------------------------------ native table

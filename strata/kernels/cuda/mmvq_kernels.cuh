@@ -115,12 +115,13 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // One warp streams rows [r0, r1) of one matrix, RPW rows at a time: items are (row group,
 // tile) pairs in order; the copies of item i+1 are in flight while item i is decoded, across
 // row groups too. Each lane decodes the same chunk of the group's rows, so one activation
-// load serves RPW rows. out_col_stride: distance between columns in out.
+// load serves RPW rows. out_col_stride: distance between columns in out; only the first
+// `written` columns are stored (the rest are padding a caller may read past its columns).
 template <class T, int NC>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
                                             float* __restrict__ out, size_t out_col_stride, u8* sbuf,
-                                            const u32* tab) {
+                                            const u32* tab, int written = NC) {
     typedef Geometry<T> G;
     constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
     const int lane = threadIdx.x & 31;
@@ -198,7 +199,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                 const int row = r0 + g * RPW + rr;
                 if (lane == 0 && row < r1) {
 #pragma unroll
-                    for (int j = 0; j < NC; ++j) out[(size_t)j * out_col_stride + row] = acc[rr][j];
+                    for (int j = 0; j < NC; ++j)
+                        if (j < written) out[(size_t)j * out_col_stride + row] = acc[rr][j];
                 }
 #pragma unroll
                 for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
@@ -296,6 +298,38 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids_pair(
         expert_rows<T2>(w2, eb2, n_expert, ids, n_used, rows2, row_bytes2, k, rpw2, blockIdx.x - nb1, q8, meta, out2,
                         sbuf, tab);
     }
+}
+
+// Experts over columns grouped by expert (prefill: many tokens, each expert used by several).
+// The host sorts the (token, expert) pairs by expert and gathers their activations in that
+// order; tile t = blockIdx.y is (expert, first sorted column, columns <= GROUP_COLS), and a
+// warp streams its rows of that expert once for all the tile's columns instead of once per
+// pair. Tiles past *n_tiles (the grid is sized for the most tiles the pairs can make) exit.
+// Every column's arithmetic is stream_rows' per-column sum, as in mmvq_ids: the results are
+// bitwise those of the decode path. Expert n_expert is the bucket of out-of-range ids: NaN.
+#define GROUP_COLS 8
+template <int ID>
+__global__ void __launch_bounds__(WARPS * 32) mmvq_grouped(const u8* __restrict__ w, long long expert_bytes,
+                                                           int n_expert, const int4* __restrict__ tiles,
+                                                           const int* __restrict__ n_tiles, int rows, int row_bytes,
+                                                           int k, int rows_per_warp, const i8* __restrict__ q8,
+                                                           const QMeta* __restrict__ meta, float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
+    __shared__ __align__(16) u32 tab[T::TAB_WORDS];
+    if ((int)blockIdx.y >= *n_tiles) return;  // uniform per block, before load_table's barrier
+    const int4 tile = tiles[blockIdx.y];  // (expert, first column, columns, -)
+    load_table<T>(tab);
+    const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
+    float* o = out + (size_t)tile.y * rows;
+    if (tile.x < 0 || tile.x >= n_expert) {
+        if ((threadIdx.x & 31) == 0)
+            for (int j = 0; j < tile.z; ++j)
+                for (int row = r.x; row < r.y; ++row) o[(size_t)j * rows + row] = __int_as_float(0x7fc00000);
+        return;
+    }
+    stream_rows<T, GROUP_COLS>(w + (size_t)tile.x * expert_bytes, r.x, r.y, row_bytes, k, q8 + (size_t)tile.y * k,
+                               meta + (size_t)tile.y * (k / 32), o, rows, smem[threadIdx.x >> 5], tab, tile.z);
 }
 
 // ---------------------------------------------------------------- activation quantization
