@@ -14,27 +14,14 @@ Passes per batch (`DraftNet.unrolled`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from strata.mtp.train.dims import Dims, rope_cos_sin
+
 BLOCK_ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "attn_q_norm", "attn_k_norm")
-
-
-@dataclass
-class Dims:
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    rope_base: float
-    rope_dim: int
-    rope_scale: float
-    rope_neox: bool
-    rms_eps: float
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,10 +29,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_tables(dims: Dims, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    half = dims.rope_dim // 2
-    inv = dims.rope_base ** (-np.arange(0, half, dtype=np.float64) * 2.0 / dims.rope_dim)
-    ang = (np.arange(n, dtype=np.float64)[:, None] / dims.rope_scale) * inv[None, :]
-    return torch.from_numpy(np.cos(ang).astype(np.float32)), torch.from_numpy(np.sin(ang).astype(np.float32))
+    cos, sin = rope_cos_sin(dims, n)
+    return torch.from_numpy(cos), torch.from_numpy(sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims) -> torch.Tensor:
