@@ -64,9 +64,10 @@ def test_trained_draft_loads_and_is_lossless(trained):
 
 
 def test_train_without_torch_is_one_clear_line(tmp_path):
-    """The error a user without the extra sees (simulated by hiding torch from the child)."""
+    """The error a user without the extra sees when asking for the torch trainer (simulated by
+    hiding torch from the child; `--trainer auto` then trains with the xp trainer instead)."""
     code = ("import sys; sys.modules['torch'] = None; from strata.cli.main import main; "
-            f"sys.exit(main(['mtp', 'train', '--out', {str(tmp_path / 'x.gguf')!r}, '--steps', '1']))")
+            f"sys.exit(main(['mtp', 'train', '--out', {str(tmp_path / 'x.gguf')!r}, '--steps', '1', '--trainer', 'torch']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("strata: strata mtp train needs PyTorch")

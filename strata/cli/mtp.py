@@ -1,6 +1,7 @@
 """`strata mtp train --pack P --out DRAFT ...`: train an MTP draft for a pack that has none.
 
-Training needs PyTorch (the optional `train` extra); serving a trained draft does not.
+Training runs on PyTorch (the optional `train` extra) or, without it, on the xp trainer
+(numpy on the CPU, CuPy with --device cuda); serving a trained draft needs neither.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ def add_arguments(p) -> None:
     t.add_argument("--steps", type=_positive, default=300, help="optimizer steps (default 300)")
     t.add_argument("--data", nargs="+", action="extend", default=[], metavar="FILE",
                    help="train on these text files (prefilled) instead of text the target writes itself")
-    t.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="PyTorch device for training")
+    t.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the draft trains; with cuda the target also collects its data on the CUDA backend")
+    t.add_argument("--trainer", choices=("auto", "torch", "xp"), default="auto",
+                   help="torch (PyTorch autograd), xp (hand-written backward on numpy / CuPy, no PyTorch), "
+                        "auto: torch if installed, else xp")
     t.add_argument("--prompts", type=_positive, default=200, help="built-in prompts the target answers (no --data)")
     t.add_argument("--max-new", type=_positive, default=128, help="tokens the target writes per prompt")
-    t.add_argument("--slots", type=_positive, default=16, help="sequences generated together per window")
+    t.add_argument("--slots", type=_positive, default=None,
+                   help="sequences generated together per window (default 64 with --device cuda, else 16)")
     t.add_argument("--batch-tokens", type=_positive, default=2048, help="tokens per training step")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
     t.add_argument("--data-minutes", type=float, default=None, help="stop generating training text after this long")
@@ -47,6 +53,6 @@ def run(args) -> int:
                       prompts=args.prompts, max_new=args.max_new, slots=args.slots, batch_tokens=args.batch_tokens,
                       lr=args.lr, two_pass=not args.one_pass, passes=args.passes, init=args.init, measure=not args.no_measure, seed=args.seed,
                       data_cache=args.data_cache, held_out_per_kind=args.held_out_per_kind,
-                      data_budget_s=args.data_minutes * 60 if args.data_minutes else None)
+                      data_budget_s=args.data_minutes * 60 if args.data_minutes else None, engine=args.trainer)
     train(cfg, log=lambda line: print(line, flush=True))
     return 0

@@ -1,6 +1,7 @@
 """Training text for a draft: the target's own tokens, final-normed hiddens and next-token logits.
 
-Two sources, both run through Strata's own Transformer (no PyTorch needed here):
+Two sources, both run through Strata's own Transformer (no PyTorch needed here), on either
+backend (only Transformer.forward/logits/new_cache and the backend's to_host are used):
 - `generate`: the target answers prompts itself, many sequences per window (a batched decode
   costs about what one sequence costs on a memory-bound CPU), greedy or sampled;
 - `prefill_text`: text the user gives, cut into pieces and prefilled (logits for every row).
@@ -102,9 +103,10 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
             new = s.tokens[s.fed :]
             spans.append(Span(s.cache, s.fed, len(new)))
             toks.extend(new)
-        hidden = model.forward(np.asarray(toks, np.int64), spans)
         last_rows = np.cumsum([sp.count for sp in spans]) - 1
-        logits = model.b.to_host(model.logits(hidden[model.b.xp.asarray(last_rows)]))
+        # the head on each sequence's last row inside the window (in the window's graph on cuda)
+        hidden, logits = model.forward(np.asarray(toks, np.int64), spans, logit_rows=last_rows)
+        logits = model.b.to_host(logits)
         hidden = model.b.to_host(hidden)
         off = 0
         keep = []

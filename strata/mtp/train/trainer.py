@@ -2,14 +2,18 @@
 
 Steps: load the target with Strata's own engine; collect its tokens/hiddens/logits (text it
 writes itself from varied prompts, or text given with --data); initialise the draft block
-from the target's last layer; train it in PyTorch against the target's next-next-token
-distribution (shared embedding and head frozen); export GGUF; measure acceptance with the
-real engine. PyTorch is imported here only (the optional `train` extra).
+from the target's last layer; train it against the target's next-next-token distribution
+(shared embedding and head frozen); export GGUF; measure acceptance with the real engine.
+
+Two trainers compute the same thing: PyTorch autograd (`engine="torch"`, the optional `train`
+extra; imported here only) and xp_net.py's hand-written backward on numpy or CuPy arrays
+(`engine="xp"`: no PyTorch needed; `--device cuda` then trains on CuPy). `engine="auto"` takes
+torch when it is installed, else xp. With `--device cuda` the target collects its data on
+Strata's CUDA backend.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +25,7 @@ from strata.errors import StrataError
 from strata.mtp.train.collect import Sequence, generate, prefill_text
 from strata.mtp.train.export import write_draft
 from strata.mtp.train.prompts import held_out, training_prompts
+from strata.mtp.train.xp_net import PASS_WEIGHT  # loss weight of pass j: PASS_WEIGHT ** (j-1)
 
 
 @dataclass
@@ -29,10 +34,10 @@ class TrainConfig:
     out: str
     steps: int = 300
     data: list[str] = field(default_factory=list)
-    device: str = "cpu"  # torch device for training (the target always runs on Strata's CPU backend here)
+    device: str = "cpu"  # cpu or cuda: where the draft trains, and the backend the target collects data on
     prompts: int = 200
     max_new: int = 160
-    slots: int = 16
+    slots: int | None = None  # sequences generated together per window (None: 64 on cuda, 16 on the CPU)
     batch_tokens: int = 2048
     lr: float = 1e-3
     two_pass: bool = True
@@ -45,22 +50,92 @@ class TrainConfig:
     note: str | None = None  # appended to the draft's strata-mtp.training metadata
     data_cache: str | None = None  # .npz prefix: reuse collected data if present, else save it there
     seed: int = 0
+    engine: str = "auto"  # torch (autograd), xp (xp_net.py: numpy / CuPy, no PyTorch) or auto (torch if installed)
+
+
+ENGINES = ("auto", "torch", "xp")
 
 
 def _torch():
     try:
         import torch
     except ImportError:
-        raise StrataError("strata mtp train needs PyTorch: pip install 'strata[train]' (torch is not installed)") from None
+        raise StrataError("strata mtp train needs PyTorch for --trainer torch: pip install 'strata[train]' "
+                          "(torch is not installed; --trainer xp trains without it)") from None
     return torch
 
 
-def load_target(pack: str | None, log: Callable[[str], None]):
+def _has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_engine(engine: str) -> str:
+    """torch or xp: `auto` is torch when PyTorch is importable, else xp."""
+    if engine not in ENGINES:
+        raise StrataError(f"--trainer {engine}: expected one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        return "torch" if _has_torch() else "xp"
+    return engine
+
+
+def _cupy():
+    """CuPy with a CUDA device, for the xp trainer on --device cuda."""
+    try:
+        import cupy
+    except ImportError:
+        raise StrataError("--device cuda: the xp trainer needs CuPy (pip install 'strata[gpu]'); cupy is not "
+                          "installed") from None
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, no device
+        raise StrataError(f"--device cuda: CuPy sees no CUDA device ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if n < 1:
+        raise StrataError("--device cuda: CuPy sees no CUDA device")
+    return cupy
+
+
+def _slots(cfg: TrainConfig) -> int:
+    return cfg.slots if cfg.slots else (64 if cfg.device == "cuda" else 16)
+
+
+def _target_device(cfg: TrainConfig, engine: str) -> str:
+    """Strata backend for the target: cuda with --device cuda (the torch trainer without CuPy: cpu)."""
+    if cfg.device != "cuda":
+        return "cpu"
+    if engine == "xp":
+        return "cuda"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "cpu"
+    return "cuda"
+
+
+def load_target(pack: str | None, log: Callable[[str], None], device: str = "cpu"):
     from strata.engine.core import EngineCore
     from strata.engine.options import parse_engine_args
 
-    args = ["--device", "cpu"] + (["--pack", str(pack)] if pack else [])
+    args = ["--device", device] + (["--pack", str(pack)] if pack else [])
     return EngineCore.load(parse_engine_args(args, serving=False), log=lambda s: None)
+
+
+def frozen_tables(core) -> tuple[np.ndarray, np.ndarray]:
+    """The target's embedding and output head (vocab, E) float32 on the host, from the pack (either
+    backend); one array when the head is tied to the embedding."""
+    from strata.backend.cpu import dequantize_source
+
+    m = core.model
+    if isinstance(m.embd, np.ndarray) and m.embd.dtype == np.float32:  # the CPU backend's dequantized table
+        embed = m.embd
+    else:
+        embed = np.ascontiguousarray(dequantize_source(m.embd_source), np.float32)
+    if m.output_source is m.embd_source:
+        return embed, embed
+    return embed, np.ascontiguousarray(dequantize_source(m.output_source), np.float32)
 
 
 def initial_weights(core) -> dict[str, np.ndarray]:
@@ -146,10 +221,10 @@ def collect_data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequ
         train = prefill_text(core.model, texts, log=log)
     else:
         prompts = [(k, _chat(core, t)) for k, t in training_prompts(cfg.prompts)]
-        train = generate(core.model, prompts, slots=cfg.slots, max_new=cfg.max_new, eog=eog, seed=cfg.seed,
+        train = generate(core.model, prompts, slots=_slots(cfg), max_new=cfg.max_new, eog=eog, seed=cfg.seed,
                          log=log, time_budget_s=cfg.data_budget_s)
     # held-out prompts: greedy answers, teacher-forced acceptance while training
-    val = generate(core.model, held, slots=cfg.slots, max_new=min(cfg.max_new, 96), sample_every=0, eog=eog,
+    val = generate(core.model, held, slots=_slots(cfg), max_new=min(cfg.max_new, 96), sample_every=0, eog=eog,
                    log=log, seed=cfg.seed + 1)
     n = sum(int((s.top_ids[:, 0] >= 0).sum()) for s in train)
     log(f"strata mtp train: data: {len(train)} sequences, {n} target rows for training, "
@@ -180,11 +255,15 @@ def _chat(core, text: str) -> list[int]:
 
 
 class Batches:
-    """Length-bucketed batches of about `batch_tokens` tokens (little padding), reshuffled per epoch."""
+    """Length-bucketed batches of about `batch_tokens` tokens (little padding), reshuffled per epoch.
 
-    def __init__(self, seqs: list[Sequence], batch_tokens: int, rng: np.random.Generator):
+    Batches are torch tensors (`tensors`), or with `numpy=True` host numpy arrays (`arrays`, what
+    the xp trainer moves to its device)."""
+
+    def __init__(self, seqs: list[Sequence], batch_tokens: int, rng: np.random.Generator, numpy: bool = False):
         self.seqs = sorted(seqs, key=lambda s: len(s.tokens))
         self.rng = rng
+        self.numpy = numpy
         self.groups: list[list[int]] = []
         cur: list[int] = []
         for i, s in enumerate(self.seqs):
@@ -198,12 +277,19 @@ class Batches:
     def __iter__(self):
         while True:
             for g in self.rng.permutation(len(self.groups)):
-                yield self.tensors([self.seqs[i] for i in self.groups[g]])
+                seqs = [self.seqs[i] for i in self.groups[g]]
+                yield self.arrays(seqs) if self.numpy else self.tensors(seqs)
 
     @staticmethod
     def tensors(seqs: list[Sequence]):
         import torch
 
+        return tuple(torch.from_numpy(a) for a in Batches.arrays(seqs))
+
+    @staticmethod
+    def arrays(seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """tokens (B, N) int64, hidden (B, N-1, E) float32, top_ids (B, N-1, K) int64 (-1: no
+        target), top_logits (B, N-1, K) float32; shorter sequences padded."""
         N = max(len(s.tokens) for s in seqs)
         B, E, K = len(seqs), seqs[0].hidden.shape[1], seqs[0].top_ids.shape[1]
         tokens = np.zeros((B, N), np.int64)
@@ -216,8 +302,7 @@ class Batches:
             hidden[b, : n - 1] = s.hidden
             top_ids[b, : n - 1] = s.top_ids
             top_lg[b, : n - 1] = s.top_logits
-        return (torch.from_numpy(tokens), torch.from_numpy(hidden), torch.from_numpy(top_ids),
-                torch.from_numpy(top_lg))
+        return tokens, hidden, top_ids, top_lg
 
 
 def _targets(top_ids, top_lg, first_row: int, count: int):
@@ -241,9 +326,6 @@ def _mined(net, g, rng: np.random.Generator, n: int, rows: int = 64) -> np.ndarr
         top = (flat[pick] @ net.head.T).topk(8, dim=-1).indices.unique()
     top = top.cpu().numpy()
     return rng.choice(top, size=min(n, len(top)), replace=False) if len(top) else top
-
-
-PASS_WEIGHT = 0.5  # loss weight of pass j is PASS_WEIGHT ** (j-1): later positions matter less end to end
 
 
 def batch_loss(net, batch, rng: np.random.Generator, n_neg: int = 1024, two_pass: bool = True, passes: int = 2):
@@ -307,36 +389,33 @@ def _acceptance_line(acc: list[float]) -> str:
     return ", ".join(f"{n} {a:.3f}" for n, a in zip(names, acc))
 
 
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
+def _progress(log, step: int, steps: int, run: dict[str, float], t_train: float) -> None:
+    el = time.perf_counter() - t_train
+    log(f"strata mtp train: step {step}/{steps}: " + ", ".join(f"{k} {v:.3f}" for k, v in run.items())
+        + f" ({el:.0f} s, {el / step:.2f} s/step)")
+
+
+def _acceptance_log(log, step: int, acc: list[float]) -> None:
+    log(f"strata mtp train: step {step}: held-out acceptance (teacher-forced, greedy) {_acceptance_line(acc)}")
+
+
+def _warm_up_steps(steps: int) -> int:
+    return max(1, min(20, steps // 10))
+
+
+def _fit_torch(cfg: TrainConfig, dims, weights, embed, head, train_seqs, val_seqs, log):
+    """AdamW + the cosine schedule with PyTorch autograd -> (role -> float32 weights, seconds)."""
     torch = _torch()
-    from strata.mtp.train.net import DraftNet, Dims
+    from strata.mtp.train.net import DraftNet
+    from strata.mtp.train.xp_net import lr_factor
 
-    torch.manual_seed(cfg.seed)
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise StrataError("--device cuda: PyTorch sees no CUDA device")
-    t_start = time.perf_counter()
-    start_weights = draft_weights(cfg.init) if cfg.init else None  # a bad --init fails before any work
-    core = load_target(cfg.pack, log)
-    mc = core.cfg
-    log(f"strata mtp train: target {mc.name} ({mc.arch}, {mc.n_layer} layers, n_embd {mc.n_embd}, vocab {core.model.n_vocab})")
-    train_seqs, val_seqs = _data(core, cfg, log)
-    t_data = time.perf_counter() - t_start
-
-    dims = Dims(mc.n_embd, mc.n_head, mc.n_head_kv, mc.head_dim, mc.rope_base, mc.rope_dim, mc.rope_scale,
-                mc.traits.rope_neox, mc.rms_eps)
-    b = core.backend
-    embed = np.asarray(b.to_host(core.model.embd), np.float32)
-    head_w = core.model.output.w if hasattr(core.model.output, "w") else None
-    head = embed if head_w is None or head_w is embed else np.asarray(head_w, np.float32)
-    net = DraftNet(dims, start_weights or initial_weights(core), embed, head).to(cfg.device)
+    net = DraftNet(dims, weights, embed, head).to(cfg.device)
     net.embed, net.head = net.embed.to(cfg.device), net.head.to(cfg.device)
-    log(f"strata mtp train: step 0: held-out acceptance (teacher-forced, greedy) "
-        f"{_acceptance_line(teacher_forced_acceptance(net, val_seqs))}")
+    _acceptance_log(log, 0, teacher_forced_acceptance(net, val_seqs))
 
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warm = max(1, min(20, cfg.steps // 10))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.steps)))))
+    warm = _warm_up_steps(cfg.steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, warm))
     rng = np.random.default_rng(cfg.seed)
     batches = iter(Batches(train_seqs, cfg.batch_tokens, rng))
     t_train = time.perf_counter()
@@ -352,15 +431,81 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
         for k, v in stats.items():
             run[k] = 0.9 * run.get(k, v) + 0.1 * v
         if step % 10 == 0 or step == cfg.steps:
-            el = time.perf_counter() - t_train
-            log(f"strata mtp train: step {step}/{cfg.steps}: " + ", ".join(f"{k} {v:.3f}" for k, v in run.items())
-                + f" ({el:.0f} s, {el / step:.2f} s/step)")
+            _progress(log, step, cfg.steps, run, t_train)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            log(f"strata mtp train: step {step}: held-out acceptance (teacher-forced, greedy) "
-                f"{_acceptance_line(teacher_forced_acceptance(net, val_seqs))}")
+            _acceptance_log(log, step, teacher_forced_acceptance(net, val_seqs))
     t_fit = time.perf_counter() - t_train
+    return {k: v.detach().cpu().numpy() for k, v in net.p.items()}, t_fit
 
-    weights = {k: v.detach().cpu().numpy() for k, v in net.p.items()}
+
+def xp_acceptance(net, seqs: list[Sequence], passes: int = 3) -> list[float]:
+    """teacher_forced_acceptance for the xp trainer (xp_net.acceptance on each held-out answer)."""
+    from strata.mtp.train.xp_net import acceptance
+
+    return acceptance(net, (Batches.arrays([s]) for s in seqs), passes)
+
+
+def _fit_xp(cfg: TrainConfig, xp, dims, weights, embed, head, train_seqs, val_seqs, log):
+    """The same training on xp arrays (numpy or CuPy), hand-written backward -> (weights, seconds)."""
+    from strata.mtp.train import xp_net
+
+    net = xp_net.XpDraft(dims, weights, embed, head, xp=xp)
+    _acceptance_log(log, 0, xp_acceptance(net, val_seqs))
+    opt = xp_net.AdamW(net.p, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, xp=xp)
+    warm = _warm_up_steps(cfg.steps)
+    rng = np.random.default_rng(cfg.seed)
+    batches = iter(Batches(train_seqs, cfg.batch_tokens, rng, numpy=True))
+    passes = cfg.passes if cfg.two_pass else 1
+    t_train = time.perf_counter()
+    run: dict[str, float] = {}
+    for step in range(1, cfg.steps + 1):
+        batch = tuple(xp.asarray(a) for a in next(batches))
+        _, stats, grads = xp_net.batch_loss(net, batch, rng, passes=passes)
+        xp_net.clip_grad_norm(grads, 1.0, xp)
+        opt.step(grads, cfg.lr * xp_net.lr_factor(step - 1, cfg.steps, warm))
+        for k, v in stats.items():
+            run[k] = 0.9 * run.get(k, v) + 0.1 * v
+        if step % 10 == 0 or step == cfg.steps:
+            _progress(log, step, cfg.steps, run, t_train)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            _acceptance_log(log, step, xp_acceptance(net, val_seqs))
+    t_fit = time.perf_counter() - t_train
+    return net.host_weights(), t_fit
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
+    from strata.mtp.train.dims import dims_of
+
+    engine = resolve_engine(cfg.engine)
+    if cfg.device not in ("cpu", "cuda"):
+        raise StrataError(f"--device {cfg.device}: expected cpu or cuda")
+    if engine == "torch":
+        torch = _torch()
+        torch.manual_seed(cfg.seed)
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise StrataError("--device cuda: PyTorch sees no CUDA device")
+        xp = None
+    else:
+        xp = _cupy() if cfg.device == "cuda" else np
+    t_start = time.perf_counter()
+    start_weights = draft_weights(cfg.init) if cfg.init else None  # a bad --init fails before any work
+    target_device = _target_device(cfg, engine)
+    core = load_target(cfg.pack, log, target_device)
+    mc = core.cfg
+    log(f"strata mtp train: target {mc.name} ({mc.arch}, {mc.n_layer} layers, n_embd {mc.n_embd}, vocab {core.model.n_vocab})")
+    log(f"strata mtp train: trainer {engine} ({'PyTorch' if engine == 'torch' else xp.__name__} on {cfg.device}), "
+        f"target on the {target_device} backend")
+    train_seqs, val_seqs = _data(core, cfg, log)
+    t_data = time.perf_counter() - t_start
+
+    dims = dims_of(mc)
+    embed, head = frozen_tables(core)
+    weights = start_weights or initial_weights(core)
+    if engine == "torch":
+        weights, t_fit = _fit_torch(cfg, dims, weights, embed, head, train_seqs, val_seqs, log)
+    else:
+        weights, t_fit = _fit_xp(cfg, xp, dims, weights, embed, head, train_seqs, val_seqs, log)
+
     how = (f"self-distilled: {len(train_seqs)} sequences ({'--data' if cfg.data else 'target-generated'}), "
            f"{cfg.steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s"
            + (f"; {cfg.note}" if cfg.note else ""))
@@ -370,7 +515,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     if cfg.measure:
         from strata.mtp.train.measure import load_core, run_prompts
 
-        eng = load_core(cfg.pack, str(out), 3)
+        eng = load_core(cfg.pack, str(out), 3, device=target_device)
         prompts = [_chat(eng, t) for _, t in held_out(per_kind=1)]
         acc = run_prompts(eng, prompts, 48)
         per = ", ".join(f"{r:.2f}" for r in acc.per_pos())
