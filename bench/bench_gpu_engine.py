@@ -8,7 +8,9 @@ B x tokens / (time of a run generating 1 + tokens minus a run generating 1), gre
 ignored; prefill tok/s = 512 / time of one 512-token prompt generating 1 token. Median of 3
 after a warm-up run (which also captures the CUDA graphs of each window shape). Modes:
 graphs (default: CUDA graphs of decode windows), ungrouped (graphs, but MoE prefill runs one
-weight pass per (token, expert) pair instead of grouping pairs by expert), eager (STRATA_CUDA_GRAPHS=0: the same fused
+weight pass per (token, expert) pair instead of grouping pairs by expert), headblocks (graphs,
+but attention one block per query head in every window), gqadecode (graphs, one attention block
+per KV group's heads in decode windows too), eager (STRATA_CUDA_GRAPHS=0: the same fused
 kernels launched one by one), generic (STRATA_CUDA_FUSED=0), hostsample (graphs, but sampled rows
 copied to the host and drawn by strata.sampling instead of on the device). --ref: llama.cpp's
 numbers on the same machine (tg B=1, B=2, ... then pp512), printed as ratios. --sample
@@ -33,8 +35,11 @@ from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
 from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
-MODES = {"graphs": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "1"},
-         "ungrouped": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "0"},
+GRAPHS = {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "1", "STRATA_CUDA_ATT_GQA_MIN": "16"}
+MODES = {"graphs": GRAPHS,
+         "ungrouped": {**GRAPHS, "STRATA_CUDA_GROUPED": "0"},
+         "headblocks": {**GRAPHS, "STRATA_CUDA_ATT_GQA_MIN": str(1 << 30)},
+         "gqadecode": {**GRAPHS, "STRATA_CUDA_ATT_GQA_MIN": "1"},
          "hostsample": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1"},
          "eager": {"STRATA_CUDA_GRAPHS": "0", "STRATA_CUDA_FUSED": "1"},
          "generic": {"STRATA_CUDA_GRAPHS": "0", "STRATA_CUDA_FUSED": "0"}}

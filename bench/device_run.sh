@@ -8,6 +8,24 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4c)  # attention: one block per KV group's query heads (prefill); grouped experts at 4 blocks/SM; dense too
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('seed-moe-full', 'dense-8b'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  python3 bench/gpu_prefill_probe.py --pack /tmp/seed-moe-full 2>&1 | tee $OUT/probe.log | grep -E "^\| [a-z]|window"
+  python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs,headblocks,gqadecode --batches 1,4 --tokens 32 --runs 3 \
+      --ref 299,699,12487 2>&1 | tee $OUT/moe.log | grep -E "^\||equal"
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs,headblocks --batches 1 --tokens 32 --runs 3 \
+      --ref 304,9872 2>&1 | tee $OUT/dense.log | grep -E "^\||equal"
+  ;;
+s4b)  # float weights one launch per wide window; where a seed-moe prefill window's time goes
+  python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  python3 bench/gpu_prefill_probe.py --pack /tmp/seed-moe-full 2>&1 | tee $OUT/probe.log | cut -c1-160 | grep -v "^$" | head -60
+  ;;
 s4a)  # session 4: every GPU test (grouped experts new; last session's tidy commit unrun); MoE prefill grouped vs not
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_sample.py tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1

@@ -188,6 +188,21 @@ def test_more_columns_than_one_launch():
     assert _rel(got, mmvq_numpy.mmvq(tid, w, x)) < REL_BOUND
 
 
+@pytest.mark.parametrize("type_id", [0, 1, 30, 12, 21], ids=["F32", "F16", "BF16", "Q4_K", "IQ3_S"])
+def test_wide_window_equals_column_groups(type_id):
+    """27 columns as one launch of 3 groups + a launch of 3 give each column the bits of its
+    own 8-column (or 3-column) launch: a column's sum does not depend on the window's width."""
+    rng = _rng(type_id, 27)
+    rows, k = 45, 1024
+    w = cp.asarray(random_blocks(type_id, rows, k, rng))
+    x = cp.asarray(_x(rng, 27, k))
+    cp.full(1 << 20, cp.nan, dtype=cp.float32)
+    wide = cp.asnumpy(gpu.mmvq(type_id, w, rows, k, x))
+    for c0 in range(0, 27, 8):
+        part = cp.asnumpy(gpu.mmvq(type_id, w, rows, k, x[c0 : c0 + 8]))
+        np.testing.assert_array_equal(wide[c0 : c0 + 8], part, err_msg=f"columns {c0}..")
+
+
 def test_registers_every_type_in_native_table():
     from strata.kernels.native_table import NativeTable
 

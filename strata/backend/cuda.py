@@ -31,6 +31,11 @@ from strata.kernels.ggml_types import type_by_id, type_by_name
 FUSED_ENV = "STRATA_CUDA_FUSED"
 PREFILL_ENV = "STRATA_CUDA_PREFILL"
 MAX_SPLITS = 64  # attention key splits per (head, token)
+GQA_ENV = "STRATA_CUDA_ATT_GQA_MIN"
+# Windows of at least this many tokens run attention with one block per KV group's query heads
+# (fused.attention_kv gqa=True: K/V loaded once for the group; the same bits as one block per
+# head). Decode windows keep one head per block (more blocks in flight for a few tokens).
+GQA_MIN_TOKENS = 16
 GROUPED_ENV = "STRATA_CUDA_GROUPED"
 # Experts grouped by expert (mmvq_grouped: one weight pass per tile of up to 8 pairs of one
 # expert) from this many (token, expert) pairs per expert on average: prefill windows. Decode
@@ -112,6 +117,7 @@ class CudaBackend(Backend):
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self.prefill = self.fused and prefill_enabled()
         self.grouped = self.fused and grouped_enabled()
+        self.gqa_min_tokens = int(os.environ.get(GQA_ENV, GQA_MIN_TOKENS))  # benchmarks compare
         self._win = None  # the current window's table on the device (fused path)
         # set by the graph runner: (table buffer a graph reads, [(offset, length, splits)] of each
         # window the captured function begins, in order); _win_next counts the windows begun
@@ -380,7 +386,8 @@ class CudaBackend(Backend):
                               scale=rope.scale, neox=rope.neox, q_norm=q_norm, k_norm=k_norm, eps=eps)
         n, heads, d = (int(x) for x in q.shape)
         q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
-        out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8, self._att_counters)
+        out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8, self._att_counters,
+                              gqa=n >= self.gqa_min_tokens)
         self._q8_memo = (out, q8) if q8 is not None else None  # the output projection reads them
         return out
 

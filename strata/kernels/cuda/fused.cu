@@ -447,29 +447,34 @@ template <> struct KV8<true> {
 };
 
 // Causal attention of each window token over its span's cache, straight from the f16 or int8
-// storage. Grid (n_head, n, splits); block ATT_THREADS. Block z takes the key chunks z,
+// storage. Grid (n_head / hpb, n, splits); block ATT_THREADS; a block takes hpb query heads
+// of one KV group (GMAX >= hpb; hpb = 1 for decode). Block z takes the key chunks z,
 // z + splits, ... of [0, pos + 1) with an online softmax. With one split it writes the
 // normalised output; else it writes (m, l, acc[d]) partials, and the last block of its
-// (token, head) to finish (a counter in `counters`, reset by that block) merges them, in split
+// (token, heads) to finish (a counter in `counters`, reset by that block) merges them, in split
 // order, as attention_kv_merge does (counters null: the host launches attention_kv_merge).
 // Decode is latency-bound, so each phase is one round of independent loads: thread j scores
 // key j of the chunk over the whole head (16-byte loads); for p @ v, d / 8 threads cover a
 // row, 8 elements each, and the 256 / (d / 8) row groups sum their keys 8 loads at a time,
 // then add up through shared memory in group order. The order of every sum depends only on
 // the chunk, never on the grid, so results are batch-invariant.
-template <bool INT8>
+// Several heads per block (prefill: many tokens) share each K and V load; every head's sums
+// are the same operations in the same order as with one head per block, so the two give the
+// same bits and the host may pick either per window.
+template <bool INT8, int GMAX>
 __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, const long long* __restrict__ win,
                                                   int n, int n_head, int n_kv, int d, int layer, float scale,
                                                   float* __restrict__ out, float* __restrict__ partials,
                                                   int* __restrict__ counters, i8* __restrict__ q8,
-                                                  int* __restrict__ meta, float* __restrict__ s_out) {
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float qs[KV_MAX_PER_LANE * 32];
+                                                  int* __restrict__ meta, float* __restrict__ s_out, int hpb) {
+    __shared__ float sc[GMAX][ATT_CHUNK];
+    __shared__ float qs[GMAX][KV_MAX_PER_LANE * 32];
     __shared__ float scratch[32];
     __shared__ float red[ATT_THREADS * ATT_VEC];
     __shared__ int last;
-    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
-    const int kvh = h / (n_head / n_kv);
+    const int G = GMAX == 1 ? 1 : hpb;
+    const int h0 = blockIdx.x * G, t = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
+    const int kvh = h0 / (n_head / n_kv);
     const long long pos = win[t];
     const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
     const long long cap = tab[0];
@@ -479,25 +484,33 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
     const float* VS = (const float*)tab[1 + 4 * layer + 3];
     const size_t row0 = (size_t)kvh * cap;
     const long long L = pos + 1;
-    const size_t o = ((size_t)t * n_head + h) * d;
-    for (int e = threadIdx.x; e < d; e += blockDim.x) qs[e] = q[o + e];
+    const size_t o0 = ((size_t)t * n_head + h0) * d;  // head h0 + g's output starts at o0 + g * d
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g)
+        if (g < G)
+            for (int e = threadIdx.x; e < d; e += blockDim.x) qs[g][e] = q[o0 + (size_t)g * d + e];
     // p @ v layout: group grp of row threads (tpr of them, 8 elements each) takes keys grp,
     // grp + groups, ... of a chunk
     const int tpr = d / ATT_VEC, groups = ATT_THREADS / tpr;
     const int grp = threadIdx.x / tpr, e0 = (threadIdx.x % tpr) * ATT_VEC;
     const bool active = grp < groups;
-    float acc[ATT_VEC];
+    float acc[GMAX][ATT_VEC], m[GMAX], l[GMAX];
 #pragma unroll
-    for (int i = 0; i < ATT_VEC; ++i) acc[i] = 0.f;
-    float m = NEG_INF, l = 0.f;
+    for (int g = 0; g < GMAX; ++g) {
+        m[g] = NEG_INF;
+        l[g] = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_VEC; ++i) acc[g][i] = 0.f;
+    }
     __syncthreads();  // qs
     for (long long j0 = (long long)z * ATT_CHUNK; j0 < L; j0 += (long long)splits * ATT_CHUNK) {
         const int nk = (int)min((long long)ATT_CHUNK, L - j0);
         // scores: thread j takes key j0 + j, 8 row pieces in flight at a time
-        float s = NEG_INF;
+        float a[GMAX];
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) a[g] = 0.f;
         if ((int)threadIdx.x < nk) {
             const size_t row = row0 + j0 + threadIdx.x;
-            float a = 0.f;
             for (int b0 = 0; b0 < d; b0 += ATT_LOADS * ATT_VEC) {
                 KV8<INT8> kv[ATT_LOADS];
 #pragma unroll
@@ -509,22 +522,31 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
                         float f[ATT_VEC];
                         kv[u].unpack(f);
 #pragma unroll
-                        for (int i = 0; i < ATT_VEC; ++i) a = fmaf(qs[b0 + u * ATT_VEC + i], f[i], a);
+                        for (int g = 0; g < GMAX; ++g)
+                            if (g < G)
+#pragma unroll
+                                for (int i = 0; i < ATT_VEC; ++i) a[g] = fmaf(qs[g][b0 + u * ATT_VEC + i], f[i], a[g]);
                     }
                 }
             }
-            s = __fmul_rn(a, scale);
         }
-        const float cm = block_max(s, scratch);
-        const float mn = fmaxf(m, cm);
-        const float corr = expf(m - mn);  // 0 on the first chunk (m = -inf)
-        const float e = (int)threadIdx.x < nk ? expf(__fsub_rn(s, mn)) : 0.f;
-        sc[threadIdx.x] = e;
-        const float ps = block_sum(e, scratch);  // its barriers publish sc
-        l = l * corr + ps;
-        m = mn;
+        float corr[GMAX];
 #pragma unroll
-        for (int i = 0; i < ATT_VEC; ++i) acc[i] *= corr;
+        for (int g = 0; g < GMAX; ++g) {
+            if (g < G) {
+                const float s = (int)threadIdx.x < nk ? __fmul_rn(a[g], scale) : NEG_INF;
+                const float cm = block_max(s, scratch);
+                const float mn = fmaxf(m[g], cm);
+                corr[g] = expf(m[g] - mn);  // 0 on the first chunk (m = -inf)
+                const float e = (int)threadIdx.x < nk ? expf(__fsub_rn(s, mn)) : 0.f;
+                sc[g][threadIdx.x] = e;
+                const float ps = block_sum(e, scratch);  // its barriers publish sc
+                l[g] = l[g] * corr[g] + ps;
+                m[g] = mn;
+#pragma unroll
+                for (int i = 0; i < ATT_VEC; ++i) acc[g][i] *= corr[g];
+            }
+        }
         if (active) {
             for (int jb = grp; jb < nk; jb += ATT_LOADS * groups) {
                 KV8<INT8> kv[ATT_LOADS];
@@ -534,84 +556,116 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
 #pragma unroll
                 for (int u = 0; u < ATT_LOADS; ++u) {
                     if (jb + u * groups < nk) {
-                        const float p = sc[jb + u * groups];
                         float f[ATT_VEC];
                         kv[u].unpack(f);
 #pragma unroll
-                        for (int i = 0; i < ATT_VEC; ++i) acc[i] = fmaf(p, f[i], acc[i]);
+                        for (int g = 0; g < GMAX; ++g) {
+                            if (g < G) {
+                                const float p = sc[g][jb + u * groups];
+#pragma unroll
+                                for (int i = 0; i < ATT_VEC; ++i) acc[g][i] = fmaf(p, f[i], acc[g][i]);
+                            }
+                        }
                     }
                 }
             }
         }
         __syncthreads();  // sc is rewritten by the next chunk
     }
-    // sum the groups of each dimension, in group order
-    if (active) {
+    // per head: sum the groups of each dimension, in group order
+    float r0[GMAX];
 #pragma unroll
-        for (int i = 0; i < ATT_VEC; ++i) red[grp * d + e0 + i] = acc[i];
+    for (int g = 0; g < GMAX; ++g) {
+        r0[g] = 0.f;
+        if (g < G) {
+            if (active) {
+#pragma unroll
+                for (int i = 0; i < ATT_VEC; ++i) red[grp * d + e0 + i] = acc[g][i];
+            }
+            __syncthreads();
+            if ((int)threadIdx.x < d)
+                for (int gg = 0; gg < groups; ++gg) r0[g] += red[gg * d + threadIdx.x];
+            __syncthreads();  // red is rewritten for the next head
+        }
     }
-    __syncthreads();
-    float r0 = 0.f;
-    if ((int)threadIdx.x < d)
-        for (int g = 0; g < groups; ++g) r0 += red[g * d + threadIdx.x];
     if (splits == 1) {
         if ((int)threadIdx.x < d) {
-            const float val = __fdiv_rn(r0, l);
-            out[o + threadIdx.x] = val;
-            // the Q8_1 blocks of the output for the projection that follows (d % 32 == 0:
-            // whole warps, blocks inside one head)
-            if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g) {
+                if (g < G) {
+                    const size_t o = o0 + (size_t)g * d;
+                    const float val = __fdiv_rn(r0[g], l[g]);
+                    out[o + threadIdx.x] = val;
+                    // the Q8_1 blocks of the output for the projection that follows (d % 32 == 0:
+                    // whole warps, blocks inside one head)
+                    if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
+                }
+            }
         }
         return;
     }
-    float* pr = partials + (((size_t)t * n_head + h) * splits + z) * (d + 2);
-    if ((int)threadIdx.x < d) pr[2 + threadIdx.x] = r0;
-    if (threadIdx.x == 0) {
-        pr[0] = m;
-        pr[1] = l;
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+        if (g < G) {
+            float* pr = partials + (((size_t)t * n_head + h0 + g) * splits + z) * (d + 2);
+            if ((int)threadIdx.x < d) pr[2 + threadIdx.x] = r0[g];
+            if (threadIdx.x == 0) {
+                pr[0] = m[g];
+                pr[1] = l[g];
+            }
+        }
     }
     if (!counters) return;
     __threadfence();  // partials visible device-wide before the count says so
     __syncthreads();
     if (threadIdx.x == 0) {
-        int* c = counters + (size_t)t * n_head + h;
+        int* c = counters + (size_t)t * n_head + h0;  // the blocks of (t, h0) hold all G heads
         last = atomicAdd(c, 1) == splits - 1;
         if (last) *c = 0;  // ready for the next launch (graph replays included)
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const float* pb = partials + ((size_t)t * n_head + h) * splits * (d + 2);
-    float M = NEG_INF;
-    for (int zz = 0; zz < splits; ++zz) M = fmaxf(M, __ldcg(pb + zz * (d + 2)));
-    float Lsum = 0.f;
-    for (int zz = 0; zz < splits; ++zz) {
-        const float mz = __ldcg(pb + zz * (d + 2));
-        if (mz != NEG_INF) Lsum += __ldcg(pb + zz * (d + 2) + 1) * expf(mz - M);
-    }
-    if ((int)threadIdx.x < d) {
-        float a = 0.f;
-        for (int zz = 0; zz < splits; ++zz) {
-            const float mz = __ldcg(pb + zz * (d + 2));
-            if (mz != NEG_INF) a += __ldcg(pb + zz * (d + 2) + 2 + threadIdx.x) * expf(mz - M);
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g) {
+        if (g < G) {
+            const float* pb = partials + ((size_t)t * n_head + h0 + g) * splits * (d + 2);
+            float M = NEG_INF;
+            for (int zz = 0; zz < splits; ++zz) M = fmaxf(M, __ldcg(pb + zz * (d + 2)));
+            float Lsum = 0.f;
+            for (int zz = 0; zz < splits; ++zz) {
+                const float mz = __ldcg(pb + zz * (d + 2));
+                if (mz != NEG_INF) Lsum += __ldcg(pb + zz * (d + 2) + 1) * expf(mz - M);
+            }
+            if ((int)threadIdx.x < d) {
+                float acc_d = 0.f;
+                for (int zz = 0; zz < splits; ++zz) {
+                    const float mz = __ldcg(pb + zz * (d + 2));
+                    if (mz != NEG_INF) acc_d += __ldcg(pb + zz * (d + 2) + 2 + threadIdx.x) * expf(mz - M);
+                }
+                const size_t o = o0 + (size_t)g * d;
+                const float val = __fdiv_rn(acc_d, Lsum);
+                out[o + threadIdx.x] = val;
+                if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
+            }
         }
-        const float val = __fdiv_rn(a, Lsum);
-        out[o + threadIdx.x] = val;
-        if (q8) quant_block32(val, (int)((o + threadIdx.x) >> 5), q8, meta, s_out);
     }
 }
 
-#define ATTENTION_KV(NAME, INT8)                                                                         \
+#define ATT_GQA_MAX 8  // query heads per block of the *_gqa kernels (fused.py: ATT_GQA_MAX)
+#define ATTENTION_KV(NAME, INT8, GMAX)                                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                            \
         NAME(const float* __restrict__ q, const long long* __restrict__ win, int n, int n_head, int n_kv, \
              int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials,      \
              int* __restrict__ counters, i8* __restrict__ q8, int* __restrict__ meta,                     \
-             float* __restrict__ s_out) {                                                                  \
-        attention_kv_impl<INT8>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, q8,   \
-                                meta, s_out);                                                            \
+             float* __restrict__ s_out, int hpb) {                                                         \
+        attention_kv_impl<INT8, GMAX>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, \
+                                      q8, meta, s_out, hpb);                                             \
     }
-ATTENTION_KV(attention_kv_f16, false)
-ATTENTION_KV(attention_kv_i8, true)
+ATTENTION_KV(attention_kv_f16, false, 1)
+ATTENTION_KV(attention_kv_i8, true, 1)
+ATTENTION_KV(attention_kv_gqa_f16, false, ATT_GQA_MAX)
+ATTENTION_KV(attention_kv_gqa_i8, true, ATT_GQA_MAX)
 
 // Combine attention_kv's split partials (when it had no counters): grid (n_head, n), block 128.
 extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,

@@ -216,23 +216,38 @@ def rope_kv_write(q, k, v, win, layer: int, int8_cache: bool, *, base: float, di
     return out
 
 
-def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q8=None, counters=None):
+ATT_GQA_MAX = 8  # query heads one block of the *_gqa kernels may take (fused.cu ATT_GQA_MAX)
+
+
+def heads_per_block(n_head: int, n_kv: int) -> int:
+    """Query heads of one KV group that one attention block takes with gqa=True: the largest
+    divisor of the group size up to ATT_GQA_MAX."""
+    g = n_head // n_kv
+    return max(h for h in range(1, min(g, ATT_GQA_MAX) + 1) if g % h == 0)
+
+
+def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q8=None, counters=None,
+                 gqa: bool = False):
     """Attention of the window's rotated queries q (n, n_head, d) contiguous over their spans'
     caches, key chunks spread over `splits` thread blocks per (head, token). -> (n, n_head * d).
     q8: an mmvq.Q8Buffer (n, n_head * d) to receive the output's Q8_1 blocks too (d % 32 == 0).
     counters: zeroed int32 device scratch of at least n * n_head entries (left zeroed): the
     last split block of each (token, head) merges the partials itself; without it (or when too
-    small) a second launch, attention_kv_merge, does."""
+    small) a second launch, attention_kv_merge, does. gqa: one block takes several query heads
+    of a KV group (heads_per_block), sharing the K/V loads: the same bits, less cache traffic
+    (prefill windows)."""
     cp = _cp()
     n, n_head, d = (int(s) for s in q.shape)
+    hpb = heads_per_block(n_head, n_kv) if gqa else 1
     out = cp.empty((n, n_head * d), dtype=cp.float32)
     part = cp.empty((n, n_head, splits, d + 2), dtype=cp.float32) if splits > 1 else out
     qargs = (q8.q, q8.meta, q8.s) if q8 is not None and d % 32 == 0 else (np.uint64(0),) * 3
     fuse_merge = splits > 1 and counters is not None and counters.size >= n * n_head
     args = (q, win, np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(layer),
             np.float32(1.0 / float(d) ** 0.5), out, part, counters if fuse_merge else np.uint64(0))
-    kernel = _fn("attention_kv_i8" if int8_cache else "attention_kv_f16")
-    kernel((n_head, n, splits), (ATT_THREADS,), args + (qargs if splits == 1 or fuse_merge else (np.uint64(0),) * 3))
+    kernel = _fn(("attention_kv_gqa" if hpb > 1 else "attention_kv") + ("_i8" if int8_cache else "_f16"))
+    kernel((n_head // hpb, n, splits), (ATT_THREADS,),
+           args + (qargs if splits == 1 or fuse_merge else (np.uint64(0),) * 3) + (np.int32(hpb),))
     if splits > 1 and not fuse_merge:
         _fn("attention_kv_merge")((n_head, n), (128,), (part, np.int32(n_head), np.int32(d), np.int32(splits), out) + qargs)
     return out

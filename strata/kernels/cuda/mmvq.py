@@ -226,19 +226,15 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
         act = x if t.id in FLOAT_TYPES else quantize_q8_1(x, q8)
     if out is None:
         out = cp.empty((ncols, rows), dtype=cp.float32)
-    grid = ((rows + WARPS - 1) // WARPS,)
-    if t.id in FLOAT_TYPES:
-        for c0 in range(0, ncols, MAX_COLS):
-            nc = min(MAX_COLS, ncols - c0)
-            xs, o = act[c0 : c0 + nc], out[c0 : c0 + nc]
-            vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
-            fn = _function(t.id, f"mmvf<{t.id}, {nc}>")
-            fn(grid, (WARPS * 32,), (w, np.int32(rows), np.int32(row_bytes), np.int32(k), xs, o, vec))
-        return out
-    # quantized: whole groups of MAX_COLS columns in one launch (grid y), the rest in another
+    # whole groups of MAX_COLS columns in one launch (grid y), the rest in another
     full, rest = divmod(ncols, MAX_COLS)
     for c0, nc, groups in ((0, MAX_COLS, full), (full * MAX_COLS, rest, 1)):
         if not nc or not groups:
+            continue
+        if t.id in FLOAT_TYPES:
+            vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
+            _function(t.id, f"mmvf<{t.id}, {nc}>")(((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
+                w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
             continue
         name = f"mmvq<{t.id}, {nc}>"
         rpw = _rows_per_warp(t.id, name, rows)
@@ -326,6 +322,7 @@ def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8
 
 # ------------------------------------------------------------------ experts grouped by expert
 GROUP_COLS = 8  # columns per tile of mmvq_grouped; must match mmvq_kernels.cuh
+GROUP_ROW_BLOCKS = 4  # thread blocks sharing one tile's rows
 
 
 @dataclass
@@ -355,8 +352,9 @@ def expert_plan(expert_ids_dev, n_expert: int) -> ExpertPlan:
     bucket = cp.where((flat >= 0) & (flat < n_expert), flat, n_expert)
     # unique keys: the sort is stable whatever the algorithm (pairs of one expert stay in order)
     order = cp.argsort(bucket.astype(cp.int64) * max(1, pairs) + cp.arange(pairs, dtype=cp.int64))
-    counts = cp.bincount(bucket, minlength=n_expert + 1)
-    starts = cp.cumsum(counts) - counts
+    # bucket edges in the sorted ids (cupy's bincount checks its input on the host: a sync)
+    edges = cp.searchsorted(bucket[order], cp.arange(n_expert + 2, dtype=cp.int32), side="left")
+    starts, counts = edges[:-1], cp.diff(edges)
     per = (counts + GROUP_COLS - 1) // GROUP_COLS
     ends = cp.cumsum(per)
     max_tiles = -(-pairs // GROUP_COLS) + n_expert + 1  # each bucket wastes at most one tile
@@ -409,7 +407,9 @@ def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, pe
     qg[: plan.pairs] = q8.q[src]
     mg[: plan.pairs] = q8.meta[src]
     fn = _grouped_function(t.id)
-    rpw = _rows_per_warp(0, "", rows, plan.max_tiles, resident=_resident_warps_of(fn))
+    # a few row blocks per tile: many short blocks, several waves (a prefill window is long
+    # enough that the tail of the last wave matters less than idle warps in wide blocks)
+    rpw = max(RPW, -(-(-(-rows // (WARPS * GROUP_ROW_BLOCKS))) // RPW) * RPW)
     sorted_out = cp.empty((plan.pairs, rows), dtype=cp.float32)
     fn((-(-rows // (rpw * WARPS)), plan.max_tiles), (WARPS * 32,), (
         w, np.int64(rows * row_bytes), np.int32(n_expert), plan.tiles, plan.n_tiles, np.int32(rows),

@@ -308,8 +308,11 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids_pair(
 // Every column's arithmetic is stream_rows' per-column sum, as in mmvq_ids: the results are
 // bitwise those of the decode path. Expert n_expert is the bucket of out-of-range ids: NaN.
 #define GROUP_COLS 8
+#ifndef GROUP_MIN_BLOCKS  // resident blocks per SM the compiler must allow (registers)
+#define GROUP_MIN_BLOCKS 4  // 128 registers, no spills (183 unbounded: 2 blocks per SM)
+#endif
 template <int ID>
-__global__ void __launch_bounds__(WARPS * 32) mmvq_grouped(const u8* __restrict__ w, long long expert_bytes,
+__global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(const u8* __restrict__ w, long long expert_bytes,
                                                            int n_expert, const int4* __restrict__ tiles,
                                                            const int* __restrict__ n_tiles, int rows, int row_bytes,
                                                            int k, int rows_per_warp, const i8* __restrict__ q8,
@@ -426,11 +429,14 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
     }
 }
 
+// blockIdx.y picks a group of NC columns, as in mmvq: a wide window is one launch.
 template <int ID, int NC>
 __global__ void __launch_bounds__(WARPS * 32) mmvf(const u8* __restrict__ w, int rows, int row_bytes, int k,
                                                    const float* __restrict__ x, float* __restrict__ out, int vec) {
     const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
+    x += (size_t)blockIdx.y * NC * k;
+    out += (size_t)blockIdx.y * NC * rows;
     float acc[NC];
 #pragma unroll
     for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
