@@ -8,6 +8,23 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4d)  # the xp trainer on the GPU, smoke: a tiny synthetic llama target on the CUDA backend; keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  tiny=$(python3 -c "from tests.support.model_fixtures import synth_model; print(synth_model('/tmp/tiny', 'llama'))")
+  python3 -m strata mtp train --pack $tiny --out /tmp/tiny.mtp.gguf --device cuda --trainer xp --steps 40 --prompts 16 \
+      --answers 2 --max-new 24 --held-out-per-kind 1 --batch-tokens 1024 --train-minutes 0.1 --eval-every 20 2>&1 | tee $OUT/smoke.log
+  ;;
+s4e)  # train the shipped draft on the GPU: the test model writes ~1M tokens (6 answers per built-in prompt), the xp trainer on CuPy
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 -m strata mtp train --pack /tmp/tm.gguf --out $OUT/smollm2-135m-instruct.mtp.gguf --device cuda --trainer xp \
+      --init strata/mtp/data/smollm2-135m-instruct.mtp.gguf --prompts 994 --answers 6 --max-new 256 --slots 128 \
+      --data-minutes 3.5 --steps 4000 --train-minutes 2.5 --batch-tokens 4096 --lr 1e-3 --eval-every 200 --seed 4 \
+      --data-cache /tmp/d4 2>&1 | tee $OUT/train.log | grep -v "answers, .* tokens generated" | cut -c1-220
+  left=$((575 - SECONDS)); echo "bench_mtp --quick with ${left} s left"
+  [ $left -gt 30 ] && timeout $left python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --quick \
+      --draft $OUT/smollm2-135m-instruct.mtp.gguf > $OUT/mtp.log 2>&1
+  grep -E "\| all \||^1 slot|^\| [24] \||greedy outputs|bench took" $OUT/mtp.log
+  ;;
 s4c)  # attention: one block per KV group's query heads (prefill); grouped experts at 4 blocks/SM; dense too
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

@@ -252,3 +252,36 @@ def test_cli_trains_with_the_xp_trainer_without_torch(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("strata: --device cuda: the xp trainer needs CuPy (pip install 'strata[gpu]'); "
                                    "cupy is not installed")
+
+
+def test_step_plan_fits_the_budget_after_twenty_steps():
+    from strata.mtp.train.trainer import StepPlan
+
+    logs = []
+    plan = StepPlan(1000, 10.0)
+    plan.after(19, 1.9, logs.append)  # not fitted before step 20
+    assert plan.total == 1000
+    plan.after(20, 2.0, logs.append)  # 0.1 s/step, 8 s left: 80 more steps
+    assert plan.total == 100 and "100 steps fit" in logs[-1]
+    roomy = StepPlan(50, 1000.0)
+    roomy.after(20, 2.0, logs.append)  # the budget allows more than --steps: --steps stays the cap
+    assert roomy.total == 50
+    none = StepPlan(300, None)
+    none.after(20, 50.0, logs.append)
+    assert none.total == 300
+
+
+def test_more_answers_per_prompt_are_sampled(tmp_path):
+    """--answers: the first answer to each prompt follows sample_every (greedy here), the extra
+    ones are sampled, each from its own random stream."""
+    from strata.mtp.train.collect import generate
+    from strata.mtp.train.trainer import load_target
+
+    core = load_target(str(_tiny_pack(tmp_path)), lambda s: None, "cpu")
+    prompts = [("chat", core.tokenizer.encode(t, add_special=True)) for t in ("Hello there", "Tell me a story")]
+    once = generate(core.model, prompts, slots=4, max_new=6, sample_every=0, log=lambda s: None)
+    twice = generate(core.model, prompts * 2, slots=4, max_new=6, sample_every=0, sampled_from=2, log=lambda s: None)
+    answers = {(s.kind, tuple(s.tokens)) for s in twice}
+    for s in once:  # the greedy answers come out again
+        assert ("chat", tuple(s.tokens)) in answers
+    assert len(answers) == 4  # the sampled ones differ from the greedy ones (random weights: flat logits)

@@ -23,11 +23,16 @@ def add_arguments(p) -> None:
                    help="torch (PyTorch autograd), xp (hand-written backward on numpy / CuPy, no PyTorch), "
                         "auto: torch if installed, else xp")
     t.add_argument("--prompts", type=_positive, default=200, help="built-in prompts the target answers (no --data)")
+    t.add_argument("--answers", type=_positive, default=1,
+                   help="answers the target writes per built-in prompt; the extra ones are sampled (default 1)")
     t.add_argument("--max-new", type=_positive, default=128, help="tokens the target writes per prompt")
     t.add_argument("--slots", type=_positive, default=None,
                    help="sequences generated together per window (default 64 with --device cuda, else 16)")
     t.add_argument("--batch-tokens", type=_positive, default=2048, help="tokens per training step")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
+    t.add_argument("--train-minutes", type=float, default=None,
+                   help="train about this long: as many steps as fit, up to --steps (fitted after 20 steps)")
+    t.add_argument("--eval-every", type=_positive, default=50, help="steps between held-out acceptance checks")
     t.add_argument("--data-minutes", type=float, default=None, help="stop generating training text after this long")
     t.add_argument("--one-pass", action="store_true", help="train draft position 1 only (cheaper, weaker at --spec >= 2)")
     t.add_argument("--passes", type=_positive, default=2,
@@ -49,10 +54,13 @@ def run(args) -> int:
         raise StrataError("strata mtp: expected a subcommand: train")
     from strata.mtp.train.trainer import TrainConfig, train
 
+    minutes = lambda m: m * 60 if m else None  # noqa: E731
     cfg = TrainConfig(pack=args.pack, out=args.out, steps=args.steps, data=list(args.data), device=args.device,
-                      prompts=args.prompts, max_new=args.max_new, slots=args.slots, batch_tokens=args.batch_tokens,
-                      lr=args.lr, two_pass=not args.one_pass, passes=args.passes, init=args.init, measure=not args.no_measure, seed=args.seed,
-                      data_cache=args.data_cache, held_out_per_kind=args.held_out_per_kind,
-                      data_budget_s=args.data_minutes * 60 if args.data_minutes else None, engine=args.trainer)
+                      prompts=args.prompts, answers=args.answers, max_new=args.max_new, slots=args.slots,
+                      batch_tokens=args.batch_tokens, lr=args.lr, two_pass=not args.one_pass, passes=args.passes,
+                      init=args.init, measure=not args.no_measure, seed=args.seed, data_cache=args.data_cache,
+                      held_out_per_kind=args.held_out_per_kind, data_budget_s=minutes(args.data_minutes),
+                      train_budget_s=minutes(args.train_minutes), engine=args.trainer,
+                      eval_every=args.eval_every)
     train(cfg, log=lambda line: print(line, flush=True))
     return 0

@@ -64,20 +64,45 @@ def _top(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return idx.astype(np.int32), row[idx].astype(np.float32)
 
 
+SAMPLE_TOP = 50  # top-50 sampling: varied but on-distribution text
+
+
 def _sample(row: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
-    top = np.argpartition(-row, 50)[:50]  # top-50 sampling: varied but on-distribution text
-    z = row[top].astype(np.float64) / temperature
+    top = np.argpartition(-row, SAMPLE_TOP)[:SAMPLE_TOP]
+    return _sample_from(top, row[top], temperature, rng)
+
+
+def _sample_from(ids: np.ndarray, vals: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
+    z = vals.astype(np.float64) / temperature
     p = np.exp(z - z.max())
-    return int(top[rng.choice(len(top), p=p / p.sum())])
+    return int(ids[rng.choice(len(ids), p=p / p.sum())])
+
+
+class _DeviceRows:
+    """A window's logits rows reduced on the device (GPU backend): the SAMPLE_TOP best ids and
+    logits of each row, best first, and its argmax; only those cross to the host, not the
+    49k-wide rows, so collection keeps up with a 64-slot decode."""
+
+    def __init__(self, xp, logits):
+        order = xp.argsort(-logits, axis=1)[:, :SAMPLE_TOP]
+        self.ids = xp.asnumpy(order).astype(np.int32)
+        self.vals = xp.asnumpy(xp.take_along_axis(logits, order, axis=1)).astype(np.float32)
+        self.best = xp.asnumpy(xp.argmax(logits, axis=1))
+
+    def top(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[r, :TOP_K], self.vals[r, :TOP_K]
 
 
 def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, max_new: int = 160,
              sample_every: int = 2, temperature: float = 0.8, eog: set[int] = frozenset(), seed: int = 0,
-             log: Callable[[str], None] = print, time_budget_s: float | None = None) -> list[Sequence]:
+             log: Callable[[str], None] = print, time_budget_s: float | None = None,
+             sampled_from: int | None = None) -> list[Sequence]:
     """Let the target answer every prompt; one window decodes all live sequences together.
 
     Every `sample_every`-th prompt is sampled (temperature, top-50; 1: all, 0: none), the rest
     greedy: greedy text is what greedy acceptance is measured on, sampled text adds variety.
+    Prompts from index `sampled_from` on are all sampled (more answers to the same prompts:
+    each has its own random stream).
     """
     rng = np.random.default_rng(seed)
     E = model.cfg.n_embd
@@ -94,7 +119,8 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
             used = {id(s.cache) for s in live}
             cache = next(c for c in caches if id(c) not in used)
             cache.length = 0
-            greedy = sample_every <= 0 or i % sample_every != sample_every - 1
+            greedy = (sample_every <= 0 or i % sample_every != sample_every - 1) and (
+                sampled_from is None or i < sampled_from)
             live.append(_Live(kind, ids, cache, greedy, max_new, np.random.default_rng([seed, i])))
         if not live:
             break
@@ -106,16 +132,24 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
         last_rows = np.cumsum([sp.count for sp in spans]) - 1
         # the head on each sequence's last row inside the window (in the window's graph on cuda)
         hidden, logits = model.forward(np.asarray(toks, np.int64), spans, logit_rows=last_rows)
-        logits = model.b.to_host(logits)
+        xp = model.b.xp
+        device = _DeviceRows(xp, logits) if xp is not np else None
+        if device is None:
+            logits = model.b.to_host(logits)
         hidden = model.b.to_host(hidden)
         off = 0
         keep = []
-        for s, sp, row in zip(live, spans, logits):
+        for r, (s, sp) in enumerate(zip(live, spans)):
             s.hidden.append(np.asarray(hidden[off : off + sp.count], np.float32))
             off += sp.count
             s.fed += sp.count
-            s.tops[s.fed - 1] = _top(row)
-            nxt = int(np.argmax(row)) if s.greedy else _sample(row, temperature, s.rng)
+            if device is None:
+                row = logits[r]
+                s.tops[s.fed - 1] = _top(row)
+                nxt = int(np.argmax(row)) if s.greedy else _sample(row, temperature, s.rng)
+            else:
+                s.tops[s.fed - 1] = device.top(r)
+                nxt = int(device.best[r]) if s.greedy else _sample_from(device.ids[r], device.vals[r], temperature, s.rng)
             s.tokens.append(nxt)
             n_tok += 1
             if nxt in eog or len(s.tokens) - s.n_prompt >= s.max_new or out_of_time:

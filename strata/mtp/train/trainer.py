@@ -36,6 +36,8 @@ class TrainConfig:
     data: list[str] = field(default_factory=list)
     device: str = "cpu"  # cpu or cuda: where the draft trains, and the backend the target collects data on
     prompts: int = 200
+    answers: int = 1  # answers the target writes per prompt (the extra ones sampled)
+    train_budget_s: float | None = None  # train about this long: the step count is fitted (StepPlan)
     max_new: int = 160
     slots: int | None = None  # sequences generated together per window (None: 64 on cuda, 16 on the CPU)
     batch_tokens: int = 2048
@@ -220,9 +222,11 @@ def collect_data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequ
             texts.append(core.tokenizer.encode(p.read_text(encoding="utf-8", errors="replace"), add_special=True))
         train = prefill_text(core.model, texts, log=log)
     else:
-        prompts = [(k, _chat(core, t)) for k, t in training_prompts(cfg.prompts)]
+        base = [(k, _chat(core, t)) for k, t in training_prompts(cfg.prompts)]
+        # --answers N: N - 1 more answers to every prompt, all sampled (the first set alternates)
+        prompts = base * cfg.answers
         train = generate(core.model, prompts, slots=_slots(cfg), max_new=cfg.max_new, eog=eog, seed=cfg.seed,
-                         log=log, time_budget_s=cfg.data_budget_s)
+                         log=log, time_budget_s=cfg.data_budget_s, sampled_from=len(base))
     # held-out prompts: greedy answers, teacher-forced acceptance while training
     val = generate(core.model, held, slots=_slots(cfg), max_new=min(cfg.max_new, 96), sample_every=0, eog=eog,
                    log=log, seed=cfg.seed + 1)
@@ -403,6 +407,28 @@ def _warm_up_steps(steps: int) -> int:
     return max(1, min(20, steps // 10))
 
 
+class StepPlan:
+    """How many optimizer steps to run: cfg.steps, or with a time budget as many as fit in it
+    (at most cfg.steps), fitted once from the speed of the first FIT_AFTER steps. The cosine
+    schedule follows the fitted count, so the learning rate still decays to its floor."""
+
+    FIT_AFTER = 20
+
+    def __init__(self, steps: int, budget_s: float | None):
+        self.total = steps
+        self.budget_s = budget_s
+        self.warm = _warm_up_steps(steps)
+
+    def after(self, step: int, elapsed_s: float, log) -> None:
+        if self.budget_s is None or step != self.FIT_AFTER or step >= self.total:
+            return
+        fit = step + int(max(0.0, self.budget_s - elapsed_s) / (elapsed_s / step))
+        if fit < self.total:
+            self.total = max(step, fit)
+            log(f"strata mtp train: {elapsed_s / step:.3f} s/step: {self.total} steps fit the "
+                f"{self.budget_s:.0f} s training budget")
+
+
 def _fit_torch(cfg: TrainConfig, dims, weights, embed, head, train_seqs, val_seqs, log):
     """AdamW + the cosine schedule with PyTorch autograd -> (role -> float32 weights, seconds)."""
     torch = _torch()
@@ -414,13 +440,15 @@ def _fit_torch(cfg: TrainConfig, dims, weights, embed, head, train_seqs, val_seq
     _acceptance_log(log, 0, teacher_forced_acceptance(net, val_seqs))
 
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warm = _warm_up_steps(cfg.steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, warm))
+    plan = StepPlan(cfg.steps, cfg.train_budget_s)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, plan.total, plan.warm))
     rng = np.random.default_rng(cfg.seed)
     batches = iter(Batches(train_seqs, cfg.batch_tokens, rng))
     t_train = time.perf_counter()
     run: dict[str, float] = {}
-    for step in range(1, cfg.steps + 1):
+    step = 0
+    while step < plan.total:
+        step += 1
         batch = [t.to(cfg.device) for t in next(batches)]
         loss, stats = batch_loss(net, batch, rng, two_pass=cfg.two_pass, passes=cfg.passes)
         opt.zero_grad()
@@ -430,12 +458,13 @@ def _fit_torch(cfg: TrainConfig, dims, weights, embed, head, train_seqs, val_seq
         sched.step()
         for k, v in stats.items():
             run[k] = 0.9 * run.get(k, v) + 0.1 * v
-        if step % 10 == 0 or step == cfg.steps:
-            _progress(log, step, cfg.steps, run, t_train)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        plan.after(step, time.perf_counter() - t_train, log)
+        if step % 10 == 0 or step == plan.total:
+            _progress(log, step, plan.total, run, t_train)
+        if step % cfg.eval_every == 0 or step == plan.total:
             _acceptance_log(log, step, teacher_forced_acceptance(net, val_seqs))
     t_fit = time.perf_counter() - t_train
-    return {k: v.detach().cpu().numpy() for k, v in net.p.items()}, t_fit
+    return {k: v.detach().cpu().numpy() for k, v in net.p.items()}, t_fit, step
 
 
 def xp_acceptance(net, seqs: list[Sequence], passes: int = 3) -> list[float]:
@@ -452,25 +481,28 @@ def _fit_xp(cfg: TrainConfig, xp, dims, weights, embed, head, train_seqs, val_se
     net = xp_net.XpDraft(dims, weights, embed, head, xp=xp)
     _acceptance_log(log, 0, xp_acceptance(net, val_seqs))
     opt = xp_net.AdamW(net.p, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, xp=xp)
-    warm = _warm_up_steps(cfg.steps)
+    plan = StepPlan(cfg.steps, cfg.train_budget_s)
     rng = np.random.default_rng(cfg.seed)
     batches = iter(Batches(train_seqs, cfg.batch_tokens, rng, numpy=True))
     passes = cfg.passes if cfg.two_pass else 1
     t_train = time.perf_counter()
     run: dict[str, float] = {}
-    for step in range(1, cfg.steps + 1):
+    step = 0
+    while step < plan.total:
+        step += 1
         batch = tuple(xp.asarray(a) for a in next(batches))
         _, stats, grads = xp_net.batch_loss(net, batch, rng, passes=passes)
         xp_net.clip_grad_norm(grads, 1.0, xp)
-        opt.step(grads, cfg.lr * xp_net.lr_factor(step - 1, cfg.steps, warm))
+        opt.step(grads, cfg.lr * xp_net.lr_factor(step - 1, plan.total, plan.warm))
         for k, v in stats.items():
             run[k] = 0.9 * run.get(k, v) + 0.1 * v
-        if step % 10 == 0 or step == cfg.steps:
-            _progress(log, step, cfg.steps, run, t_train)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        plan.after(step, time.perf_counter() - t_train, log)
+        if step % 10 == 0 or step == plan.total:
+            _progress(log, step, plan.total, run, t_train)
+        if step % cfg.eval_every == 0 or step == plan.total:
             _acceptance_log(log, step, xp_acceptance(net, val_seqs))
     t_fit = time.perf_counter() - t_train
-    return net.host_weights(), t_fit
+    return net.host_weights(), t_fit, step
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
@@ -502,12 +534,12 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     embed, head = frozen_tables(core)
     weights = start_weights or initial_weights(core)
     if engine == "torch":
-        weights, t_fit = _fit_torch(cfg, dims, weights, embed, head, train_seqs, val_seqs, log)
+        weights, t_fit, steps = _fit_torch(cfg, dims, weights, embed, head, train_seqs, val_seqs, log)
     else:
-        weights, t_fit = _fit_xp(cfg, xp, dims, weights, embed, head, train_seqs, val_seqs, log)
+        weights, t_fit, steps = _fit_xp(cfg, xp, dims, weights, embed, head, train_seqs, val_seqs, log)
 
     how = (f"self-distilled: {len(train_seqs)} sequences ({'--data' if cfg.data else 'target-generated'}), "
-           f"{cfg.steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s"
+           f"{steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s"
            + (f"; {cfg.note}" if cfg.note else ""))
     out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
                       name=f"{mc.name} MTP draft", extra_metadata={"training": how})
