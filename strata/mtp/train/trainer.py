@@ -409,23 +409,28 @@ def _warm_up_steps(steps: int) -> int:
 
 class StepPlan:
     """How many optimizer steps to run: cfg.steps, or with a time budget as many as fit in it
-    (at most cfg.steps), fitted once from the speed of the first FIT_AFTER steps. The cosine
-    schedule follows the fitted count, so the learning rate still decays to its floor."""
+    (at most cfg.steps), fitted once at step FIT_AFTER from the speed of the steps since
+    FROM (the first ones compile kernels on a GPU). The cosine schedule follows the fitted
+    count, so the learning rate still decays to its floor."""
 
-    FIT_AFTER = 20
+    FROM, FIT_AFTER = 10, 20
 
     def __init__(self, steps: int, budget_s: float | None):
         self.total = steps
         self.budget_s = budget_s
         self.warm = _warm_up_steps(steps)
+        self._t_from = 0.0
 
     def after(self, step: int, elapsed_s: float, log) -> None:
+        if step == self.FROM:
+            self._t_from = elapsed_s
         if self.budget_s is None or step != self.FIT_AFTER or step >= self.total:
             return
-        fit = step + int(max(0.0, self.budget_s - elapsed_s) / (elapsed_s / step))
+        per_step = max(1e-9, (elapsed_s - self._t_from) / (self.FIT_AFTER - self.FROM))
+        fit = step + int(max(0.0, self.budget_s - elapsed_s) / per_step)
         if fit < self.total:
             self.total = max(step, fit)
-            log(f"strata mtp train: {elapsed_s / step:.3f} s/step: {self.total} steps fit the "
+            log(f"strata mtp train: {per_step:.3f} s/step: {self.total} steps fit the "
                 f"{self.budget_s:.0f} s training budget")
 
 
