@@ -8,6 +8,12 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4f)  # the trained draft (shipped now): the full MTP bench on the GPU, every --spec and min-p, batch-MTP at 2 and 4 slots
+  [ -f /tmp/tm.gguf ] || cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 \
+      --draft strata/mtp/data/smollm2-135m-instruct.mtp.gguf > $OUT/mtp.log 2>&1
+  grep -E "\| all \||^1 slot|^\| [24] \||greedy outputs|bench took" $OUT/mtp.log
+  ;;
 s4d)  # the xp trainer on the GPU, smoke: a tiny synthetic llama target on the CUDA backend; keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   tiny=$(python3 -c "from tests.support.model_fixtures import synth_model; print(synth_model('/tmp/tiny', 'llama'))")

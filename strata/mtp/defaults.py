@@ -2,7 +2,7 @@
 
 Made by `strata mtp train` (how: docs/MTP.md). The engine uses it when no --pack is given,
 --spec K > 0 and no --mtp is named; and by default on a backend where `DEFAULT_SPEC` says
-it measured faster (none at present).
+it measured faster (the GPU at present).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ def default_draft_path() -> Path | None:
 
 
 # MTP for the default model on a backend only where it measures faster than plain decoding.
-# None does now: on the CPU backend verification windows cost about one step per token (0.87x
-# at best); on the GPU (H200, session 3) plain decoding got 1.6x faster (648 -> ~1000 tok/s),
-# and MTP fell from 1.06-1.10x (--spec 3 --spec-min-p 0.5) to 0.95x at best (--spec 1, with the
-# draft steps chained in one graph; batch-MTP 0.79x / 0.94x at 2 / 4 slots; docs/MTP.md). The
-# table stays the one place to turn it on, e.g. {"cuda": (1, 0.0)}.
-DEFAULT_SPEC: dict[str, tuple[int, float]] = {}
+# GPU (H200, session 4, the draft trained on the GPU: bench/bench_mtp.py --device cuda): --spec 1
+# at min-p 0 gives 1.14x plain decoding at one slot (--spec 3: 1.07x). Without --batch-mtp MTP
+# runs only while one slot is busy, so concurrent clients keep plain batching (batch-MTP
+# measured 0.86x / 0.84x at 2 / 4 slots). CPU: verification windows cost about one step per
+# token there, so MTP measures slower (docs/MTP.md): not on by default.
+DEFAULT_SPEC: dict[str, tuple[int, float]] = {"cuda": (1, 0.0)}
 
 
 def default_spec(backend: str, given_flags: tuple[str, ...],
