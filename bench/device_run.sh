@@ -8,6 +8,24 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4h)  # long prompts' rows through dequant + GEMM in fixed 64-row tiles (batch-invariant); every GPU test (final)
+  python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py \
+      tests/test_cuda_sample.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs,mmvqprefill --batches 1,4 --tokens 32 --runs 3 \
+      --ref 304,743,9872 2>&1 | tee $OUT/dense.log | grep -E "^\||equal"
+  python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs,mmvqprefill --batches 1,4 --tokens 32 --runs 3 \
+      --ref 299,699,12487 2>&1 | tee $OUT/moe.log | grep -E "^\||equal"
+  ;;
+s4g)  # where a batch-MTP window's time goes (2 slots, --spec 1): smollm-shaped synthetic target + the shipped draft
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
+  for n in 1 2; do python3 bench/mtp_host_profile.py --pack /tmp/smollm --draft strata/mtp/data/smollm2-135m-instruct.mtp.gguf \
+      --spec 1 --parallel $n --top 30; done > $OUT/prof.log 2>&1
+  grep -E "^==|per token" $OUT/prof.log; cut -c1-150 $OUT/prof.log | grep -v "^$" | tail -75
+  ;;
 s4f)  # the trained draft (shipped now): the full MTP bench on the GPU, every --spec and min-p, batch-MTP at 2 and 4 slots
   [ -f /tmp/tm.gguf ] || cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 \

@@ -145,3 +145,22 @@ def test_prefill_tiles_match_one_tile():
     small.linear(tid, w, rows, k, x, out=out)
     # same products; cuBLAS may pick another reduction order for 40-row tiles
     assert _rel(cp.asnumpy(out).astype(np.float64), cp.asnumpy(whole).astype(np.float64)) < 1e-6
+
+
+@pytest.mark.parametrize("tid", [12, 14, 1], ids=["Q4_K", "Q6_K", "F16"])
+def test_fixed_row_tiles_make_rows_independent_of_the_window(tid):
+    """tile_m: every GEMM runs on exactly tile_m rows, so a row's result is the same bits in a
+    window of 150, 70 or 5 rows (and at any offset within its tile); still the exact products
+    to f16 rounding."""
+    rows, k = 96, 512
+    blocks, wref = _weights(tid, rows, k, 8)
+    w = cp.asarray(blocks)
+    x = _rng(tid, 9).standard_normal((150, k)).astype(np.float32)
+    path = PrefillPath()
+    full = cp.asnumpy(path.linear(tid, w, rows, k, cp.asarray(x), tile_m=64))
+    for a, b in ((0, 70), (70, 75), (75, 150), (3, 100)):
+        out = _poisoned((b - a, rows), cp.float32)
+        path.linear(tid, w, rows, k, cp.asarray(x[a:b]), out=out, tile_m=64)
+        np.testing.assert_array_equal(cp.asnumpy(out), full[a:b], err_msg=f"rows {a}..{b}")
+    exact = x.astype(np.float64) @ wref.astype(np.float64).T
+    assert _rel(full.astype(np.float64), exact) < LINEAR_REL

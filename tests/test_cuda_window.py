@@ -187,16 +187,17 @@ def _load(path, backend):
 
 
 def _windows(model, windows, kind):
-    """Feed windows, each a list of (sequence, token ids); every window's hidden states (host)."""
+    """Feed windows, each a list of (sequence, token ids[, long prompt]); every window's hidden
+    states (host)."""
     caches, outs = {}, []
     for window in windows:
         spans = []
-        for seq, ids in window:
+        for seq, ids, *long in window:
             if seq not in caches:
                 caches[seq] = model.new_cache(4096, kind)
             c = caches[seq]
-            spans.append(Span(c, c.length, len(ids)))
-        toks = np.concatenate([np.asarray(ids, np.int64) for _, ids in window])
+            spans.append(Span(c, c.length, len(ids), long_prompt=bool(long and long[0])))
+        toks = np.concatenate([np.asarray(ids, np.int64) for _, ids, *_ in window])
         outs.append(cp.asnumpy(model.forward(toks, spans)))
     return outs
 
@@ -250,7 +251,7 @@ def _feed(model, windows, kind="f16"):
     rows = {}
     for window, h in zip(windows, _windows(model, windows, kind)):
         off = 0
-        for seq, ids in window:
+        for seq, ids, *_ in window:
             rows.setdefault(seq, []).append(h[off : off + len(ids)])
             off += len(ids)
     return {k: np.concatenate(v) for k, v in rows.items()}
@@ -274,6 +275,30 @@ def test_batch_invariance(tmp_path, arch, kind):
     assert np.array_equal(alone, shared), f"rows differ: {np.nonzero((alone != shared).any(1))[0]}"
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_long_prompt_rows_are_batch_invariant(tmp_path, arch, monkeypatch):
+    """Long prompts' rows go through dequant + GEMM in fixed row tiles (the weight floor moved
+    to 0 so a tiny pack takes that path): the same bits whether the prompt comes in one window
+    or in chunks beside other sequences' decode rows and short prompts; those other rows keep
+    the MMVQ bits they have alone; and the GEMM rows stay close to the MMVQ rows (f16 against
+    Q8_1 activations)."""
+    monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
+    backend = CudaBackend(fused=True)
+    assert backend.prompt_gemm_min_weight == 0 and backend.long_prompt_tokens == 64
+    model = _load(synth_for_gpu(tmp_path, arch), backend)
+    rng = np.random.default_rng(12)
+    p = rng.integers(0, model.n_vocab, 150).tolist()  # the long prompt (sequence 0)
+    s1 = rng.integers(0, model.n_vocab, 30).tolist()  # a short prompt, then decoded (sequence 1)
+    whole = _feed(model, [[(0, p, True)]])[0]
+    chunked = _feed(model, [[(1, s1[:20]), (0, p[:70], True)], [(0, p[70:75], True), (1, s1[20:21])],
+                            [(1, s1[21:24]), (0, p[75:], True)]])
+    assert np.array_equal(whole, chunked[0]), f"rows differ: {np.nonzero((whole != chunked[0]).any(1))[0]}"
+    alone = _feed(model, [[(1, s1[:20])], [(1, s1[20:21])], [(1, s1[21:24])]])[1]
+    assert np.array_equal(alone, chunked[1]), "short-prompt and decode rows changed beside a long prompt's"
+    mmvq_rows = _feed(model, [[(0, p, False)]])[0]
+    assert rel(cp.asarray(whole), cp.asarray(mmvq_rows)) < 5e-2  # f16 vs Q8_1 activations, 2 layers
+
+
 def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
     """The seed story on the GPU: --batch-mtp at 4 slots, the draft's steps replayed as graphs
     too, gives plain decoding's tokens (greedy), and the draft graphs were used."""
@@ -292,6 +317,25 @@ def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
     graphs = mtp.model.b.graphs
     assert any(key[0][0] == "draft-chain" for key in graphs.graphs), "the draft never ran as a graph chain"
     assert graphs.replays > 0
+
+
+def test_batch_mtp_with_long_prompts_equals_plain(tmp_path, monkeypatch):
+    """Long prompts (their rows through GEMM, chunked by a small --prefill budget that the
+    slots share, so chunks fall differently in the two runs) with --batch-mtp at 4 slots: the
+    greedy tokens of plain decoding."""
+    from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
+
+    require_synth_tokenizer()
+    monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
+    pack = make_seed_moe(tmp_path / "seed")
+    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4", "--prefill", "100"]
+    plain, _ = load_engine(base)
+    mtp, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3", "--batch-mtp"])
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(10, 1000, int(rng.integers(64, 160))).tolist() for _ in range(6)]
+    want = [r[0] for r in run_all(plain, prompts, greedy(16), threaded=False)]
+    got = [r[0] for r in run_all(mtp, prompts, greedy(16), threaded=False)]
+    assert got == want
 
 
 def test_draft_chain_equals_step_by_step(tmp_path):

@@ -45,6 +45,9 @@ def window_positions(spans: Sequence[Any]) -> np.ndarray:
 class Backend(ABC):
     name = "abstract"
     xp: Any = None  # the array module
+    # prompts of at least this many tokens have their rows multiplied by the backend's prompt
+    # path (Span.long_prompt); None: one path for every row
+    long_prompt_tokens: int | None = None
 
     # ---- weights -------------------------------------------------------------------
     @abstractmethod

@@ -49,13 +49,22 @@ def grouped_enabled() -> bool:
 ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
 
 
+# Long prompts' rows (Span.long_prompt, prompts of at least LONG_PROMPT_TOKENS tokens) multiply
+# large weights (rows * k >= PROMPT_GEMM_MIN_WEIGHT) through dequant + cuBLAS GEMM in fixed
+# tiles of PROMPT_GEMM_ROWS rows (backend/cuda_prefill.py); every other row takes MMVQ. The two
+# round differently (f16 vs Q8_1 activations), so the choice is made per request (its prompt
+# length) and per weight, never per window: a row's bits do not depend on what shares it.
+# Measured on the H200 (whole windows): ~3x faster than MMVQ on dense-8b, slower on SmolLM2's
+# small weights (hence the weight floor).
+LONG_PROMPT_TOKENS = 64
+PROMPT_GEMM_ROWS = 64
+PROMPT_GEMM_MIN_WEIGHT = 1 << 22
+PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
+
+
 def prefill_enabled() -> bool:
-    """Wide windows through dequant + cuBLAS (f16 activations) instead of MMVQ (Q8_1): off by
-    default. The two round differently, so a request's tokens would depend on how many other
-    requests share its prefill window (and MTP at temperature 0 would no longer equal plain
-    decoding). Measured on the H200 against one-launch wide MMVQ: slower on SmolLM2 shapes
-    (512 tokens 20.1 vs 14.4 ms), ~3x faster on dense-8b (pp512 8.7k vs 2.6k tok/s)."""
-    return os.environ.get(PREFILL_ENV, "0") == "1"
+    """The prompt path (dequant + GEMM for long prompts' rows): on unless STRATA_CUDA_PREFILL=0."""
+    return os.environ.get(PREFILL_ENV, "1") != "0"
 
 
 def fused_enabled() -> bool:
@@ -116,6 +125,10 @@ class CudaBackend(Backend):
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self.prefill = self.fused and prefill_enabled()
+        self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
+        self.prompt_gemm_min_weight = int(os.environ.get(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT))
+        self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
+        self._win_n = 0
         self.grouped = self.fused and grouped_enabled()
         self.gqa_min_tokens = int(os.environ.get(GQA_ENV, GQA_MIN_TOKENS))  # benchmarks compare
         self._win = None  # the current window's table on the device (fused path)
@@ -270,10 +283,9 @@ class CudaBackend(Backend):
             return out
         if p.type_id in mm.FLOAT_TYPES:
             return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, x, out=out)
+        if self._prompt_rows and n == self._win_n and p.rows * p.k >= self.prompt_gemm_min_weight:
+            return self._run_prompt_rows(p, x, q8, out)
         if not 0 < n <= mm.MAX_COLS:
-            if self.prefill and not self.capturing and self._prefill_path().prefer(p.type_id, n, p.rows, p.k) and (
-                    out is None or out.flags.c_contiguous):
-                return self._prefill.linear(p.type_id, p.blocks, p.rows, p.k, x, out=out)
             # several launches: the wrapper splits the columns
             return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, q8 if q8 is not None else x, out=out)
         launch = p.launches.get(n)
@@ -291,6 +303,31 @@ class CudaBackend(Backend):
             out = cp.empty((n, p.rows), dtype=cp.float32)
         fn(grid, (mm.WARPS * 32,), lead + (q8.q, q8.meta, out))
         return out
+
+    def _run_prompt_rows(self, p: _Part, x: Any, q8: Any, out: Any) -> Any:
+        """A window with long-prompt rows: those rows through dequant + GEMM in fixed row tiles,
+        the others (decode rows, short prompts) through MMVQ as in any window."""
+        if self.capturing:  # graphs refuse windows with long-prompt spans (WindowGraphs.takes)
+            raise RuntimeError("a window with long-prompt rows was being captured")
+        mm = self._mmvq
+        n = x.shape[0]
+        if out is None or not out.flags.c_contiguous:
+            res = self.xp.empty((n, p.rows), dtype=self.xp.float32)
+        else:
+            res = out
+        a = 0
+        for r0, r1 in self._prompt_rows + [(n, n)]:
+            if a < r0:  # the rows before this prompt's: MMVQ on their Q8_1 blocks
+                part = mm.Q8Buffer(q8.q[a:r0], q8.meta[a:r0], q8.s[a:r0], r0 - a, q8.k)
+                mm.mmvq(p.type_id, p.blocks, p.rows, p.k, part, out=res[a:r0])
+            if r0 < r1:
+                self._prefill_path().linear(p.type_id, p.blocks, p.rows, p.k, x[r0:r1], out=res[r0:r1],
+                                            tile_m=PROMPT_GEMM_ROWS)
+            a = r1
+        if res is not out and out is not None:
+            out[...] = res
+            return out
+        return res
 
     # fused element-wise ops and attention; None from a kernel wrapper = a layout it does
     # not take, computed by the generic array code instead
@@ -323,6 +360,11 @@ class CudaBackend(Backend):
         returns the positions, the table's first n entries."""
         self._q8_memo = self._plan_memo = None
         n = int(sum(sp.count for sp in spans))
+        self._win_n, self._prompt_rows, off = n, [], 0
+        for sp in spans:
+            if self.prefill and getattr(sp, "long_prompt", False):
+                self._prompt_rows.append((off, off + int(sp.count)))
+            off += int(sp.count)
         if not self.fused or not self._cuda_caches(spans):
             self._win = None
             return self.xp.asarray(window_positions(spans))

@@ -59,7 +59,9 @@ class WindowGraphs:
 
     def takes(self, spans: Sequence[Any]) -> bool:
         n = sum(int(sp.count) for sp in spans)
-        return 0 < n <= MAX_GRAPH_TOKENS and self.b._cuda_caches(spans)
+        # long prompts' rows take cuBLAS, which is not capturable: such windows run eagerly
+        return (0 < n <= MAX_GRAPH_TOKENS and self.b._cuda_caches(spans)
+                and not any(getattr(sp, "long_prompt", False) for sp in spans))
 
     def run(self, model: Any, tokens: Any, spans: Sequence[Any], logit_rows: Any = None) -> Any:
         """The main model's window as Transformer.forward returns it: final-normed hidden

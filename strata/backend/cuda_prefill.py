@@ -73,6 +73,7 @@ class PrefillPath:
         self.scratch_bytes = int(scratch_bytes)
         self._w16 = None  # float16 flat scratch: one tile of widened weights
         self._x16 = None  # float16 flat scratch: the activations
+        self._o32 = None  # float32 flat scratch: outputs of padded row tiles
         self._alpha = np.ones(1, dtype=np.float32)  # host scalars for cublasGemmEx (host pointer mode)
         self._beta = np.zeros(1, dtype=np.float32)
 
@@ -92,9 +93,13 @@ class PrefillPath:
             setattr(self, name, buf)
         return buf[:size]
 
-    def linear(self, type_id: int, blocks, rows: int, k: int, x, out=None):
+    def linear(self, type_id: int, blocks, rows: int, k: int, x, out=None, tile_m: int | None = None):
         """W (rows, k) of GGML type `type_id` (device blocks, uint8 (rows, row_bytes)) times
-        x (n, k) float32 -> float32 (n, rows), into `out` when given."""
+        x (n, k) float32 -> float32 (n, rows), into `out` when given.
+
+        tile_m: run every GEMM on exactly tile_m activation rows (the last tile zero-padded).
+        cuBLAS picks its kernel by shape, so a row's result then depends only on the row itself
+        and the weight, never on how many rows came with it (batch invariance of prompt rows)."""
         cp = self.cp
         from strata.kernels.cuda import dequant
 
@@ -112,19 +117,34 @@ class PrefillPath:
             raise ValueError(f"prefill: out must be C-contiguous float32 ({n}, {rows}), got {out.dtype} {out.shape}")
         if n == 0 or rows == 0:
             return out
-        x16 = self._scratch("_x16", n * k).reshape(n, k)
-        cp.copyto(x16, x, casting="same_kind")  # round to nearest f16
+        step = tile_m or n
+        m = -(-n // step) * step  # rows the GEMMs run on
+        x16 = self._scratch("_x16", m * k).reshape(m, k)
+        cp.copyto(x16[:n], x, casting="same_kind")  # round to nearest f16
+        x16[n:] = 0
+        target = out
+        if m != n:
+            if self._o32 is None or self._o32.size < m * rows:
+                self._o32 = cp.empty(m * rows, dtype=cp.float32)
+            target = self._o32[: m * rows].reshape(m, rows)
+
+        def gemms(w16, r0: int, count: int) -> None:
+            for j in range(0, m, step):
+                self._gemm(w16, x16[j : j + step], target[j : j + step], r0, count, k)
+
         if t.name == "F16":  # already float16: multiply the blocks themselves
-            self._gemm(w.view(cp.float16), x16, out, 0, rows, k)
-            return out
-        tr = self.tile_rows(rows, k)
-        w16 = self._scratch("_w16", tr * k)
-        for r0 in range(0, rows, tr):
-            r1 = min(rows, r0 + tr)
-            tile = w16[: (r1 - r0) * k].reshape(r1 - r0, k)
-            # the checked wrapper's launch (blocks and tile were checked above)
-            dequant._launch(type_id, w[r0:r1], row_bytes, k, r1 - r0, None, r1 - r0, tile)
-            self._gemm(tile, x16, out, r0, r1 - r0, k)
+            gemms(w.view(cp.float16), 0, rows)
+        else:
+            tr = self.tile_rows(rows, k)
+            w16 = self._scratch("_w16", tr * k)
+            for r0 in range(0, rows, tr):
+                r1 = min(rows, r0 + tr)
+                tile = w16[: (r1 - r0) * k].reshape(r1 - r0, k)
+                # the checked wrapper's launch (blocks and tile were checked above)
+                dequant._launch(type_id, w[r0:r1], row_bytes, k, r1 - r0, None, r1 - r0, tile)
+                gemms(tile, r0, r1 - r0)
+        if target is not out:
+            out[...] = target[:n]
         return out
 
     def _gemm(self, w16, x16, out, r0: int, m: int, k: int) -> None:

@@ -227,7 +227,10 @@ class Scheduler:
         if not entries:
             return
         self.windows += 1
-        spans = [Span(e.slot.cache, e.slot.cache.length, len(e.tokens)) for e in entries]
+        long_prompt = self.model.b.long_prompt_tokens
+        spans = [Span(e.slot.cache, e.slot.cache.length, len(e.tokens),
+                      long_prompt=e.kind == "prefill" and long_prompt is not None and len(e.slot.prompt) >= long_prompt)
+                 for e in entries]
         tokens = np.concatenate([np.asarray(e.tokens, dtype=np.int64) for e in entries])
         # logits only for the rows that are sampled or verified
         rows, off = [], 0

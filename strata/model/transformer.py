@@ -20,11 +20,17 @@ from strata.model.kv_cache import KVCache
 
 @dataclass
 class Span:
-    """One sequence's tokens in a window: positions [start, start + count) of `cache`."""
+    """One sequence's tokens in a window: positions [start, start + count) of `cache`.
+
+    long_prompt: these are rows of a prompt long enough (Backend.long_prompt_tokens) for the
+    backend's prompt path (CUDA: dequantized weights + GEMM). The scheduler sets it from the
+    request alone, never from what shares the window, so a row's arithmetic stays the same
+    whatever it is batched with."""
 
     cache: KVCache
     start: int
     count: int
+    long_prompt: bool = False
 
 
 @dataclass
