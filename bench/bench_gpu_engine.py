@@ -8,7 +8,8 @@ B x tokens / (time of a run generating 1 + tokens minus a run generating 1), gre
 ignored; prefill tok/s = 512 / time of one 512-token prompt generating 1 token. Median of 3
 after a warm-up run (which also captures the CUDA graphs of each window shape). Modes:
 graphs (default: CUDA graphs of decode windows), mmvqprefill (graphs, but long prompts' rows
-through MMVQ instead of dequant + GEMM), ungrouped (graphs, but MoE prefill runs one
+through MMVQ instead of dequant + GEMM), tile64 / tile128 / tile256 (graphs, GEMM row tiles of 64 / 128 /
+256 rows), ungrouped (graphs, but MoE prefill runs one
 weight pass per (token, expert) pair instead of grouping pairs by expert), headblocks (graphs,
 but attention one block per query head in every window), gqadecode (graphs, one attention block
 per KV group's heads in decode windows too), eager (STRATA_CUDA_GRAPHS=0: the same fused
@@ -32,14 +33,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from strata.backend.cuda import PROMPT_GEMM_ROWS  # noqa: E402
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
 from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
 GRAPHS = {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "1", "STRATA_CUDA_ATT_GQA_MIN": "16",
-          "STRATA_CUDA_PREFILL": "1"}
+          "STRATA_CUDA_PREFILL": "1", "STRATA_CUDA_PROMPT_TILE": str(PROMPT_GEMM_ROWS)}
 MODES = {"graphs": GRAPHS,
          "mmvqprefill": {**GRAPHS, "STRATA_CUDA_PREFILL": "0"},
+         "tile64": {**GRAPHS, "STRATA_CUDA_PROMPT_TILE": "64"},
+         "tile128": {**GRAPHS, "STRATA_CUDA_PROMPT_TILE": "128"},
+         "tile256": {**GRAPHS, "STRATA_CUDA_PROMPT_TILE": "256"},
          "ungrouped": {**GRAPHS, "STRATA_CUDA_GROUPED": "0"},
          "headblocks": {**GRAPHS, "STRATA_CUDA_ATT_GQA_MIN": str(1 << 30)},
          "gqadecode": {**GRAPHS, "STRATA_CUDA_ATT_GQA_MIN": "1"},

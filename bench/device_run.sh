@@ -8,6 +8,21 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4j)  # final: the prompt-path tests at the chosen tiles (256 rows, prompts >= 256), every window test; dense and seed-moe pp512
+  python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in dense-8b seed-moe-full; do
+    python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs,mmvqprefill --batches 1 --tokens 16 --runs 3 2>&1 | grep -E "^\| (graphs|mmvq)|equal"
+  done | tee $OUT/pp.log
+  ;;
+s4i)  # prompt GEMM row tiles 64 / 128 / 256 on dense-8b
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['dense-8b'], '/tmp/dense-8b', progress=lambda s: None)"
+  python3 bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs,tile128,tile256 --batches 1 --tokens 16 --runs 3 \
+      --ref 304,9872 2>&1 | tee $OUT/dense.log | grep -E "^\||equal"
+  ;;
 s4h)  # long prompts' rows through dequant + GEMM in fixed 64-row tiles (batch-invariant); every GPU test (final)
   python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py \
       tests/test_cuda_sample.py > $OUT/tests.log 2>&1

@@ -284,14 +284,14 @@ def test_long_prompt_rows_are_batch_invariant(tmp_path, arch, monkeypatch):
     Q8_1 activations)."""
     monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
     backend = CudaBackend(fused=True)
-    assert backend.prompt_gemm_min_weight == 0 and backend.long_prompt_tokens == 64
+    assert backend.prompt_gemm_min_weight == 0 and backend.long_prompt_tokens == 256
     model = _load(synth_for_gpu(tmp_path, arch), backend)
     rng = np.random.default_rng(12)
-    p = rng.integers(0, model.n_vocab, 150).tolist()  # the long prompt (sequence 0)
+    p = rng.integers(0, model.n_vocab, 300).tolist()  # the long prompt (sequence 0)
     s1 = rng.integers(0, model.n_vocab, 30).tolist()  # a short prompt, then decoded (sequence 1)
     whole = _feed(model, [[(0, p, True)]])[0]
     chunked = _feed(model, [[(1, s1[:20]), (0, p[:70], True)], [(0, p[70:75], True), (1, s1[20:21])],
-                            [(1, s1[21:24]), (0, p[75:], True)]])
+                            [(1, s1[21:24]), (0, p[75:], True)]])  # 70, 5 and 225 rows: other tile offsets
     assert np.array_equal(whole, chunked[0]), f"rows differ: {np.nonzero((whole != chunked[0]).any(1))[0]}"
     alone = _feed(model, [[(1, s1[:20])], [(1, s1[20:21])], [(1, s1[21:24])]])[1]
     assert np.array_equal(alone, chunked[1]), "short-prompt and decode rows changed beside a long prompt's"
@@ -328,11 +328,12 @@ def test_batch_mtp_with_long_prompts_equals_plain(tmp_path, monkeypatch):
     require_synth_tokenizer()
     monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
     pack = make_seed_moe(tmp_path / "seed")
-    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4", "--prefill", "100"]
+    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4", "--prefill", "300"]
     plain, _ = load_engine(base)
     mtp, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3", "--batch-mtp"])
+    assert plain.model.b.long_prompt_tokens == 256
     rng = np.random.default_rng(9)
-    prompts = [rng.integers(10, 1000, int(rng.integers(64, 160))).tolist() for _ in range(6)]
+    prompts = [rng.integers(10, 1000, int(rng.integers(256, 420))).tolist() for _ in range(6)]
     want = [r[0] for r in run_all(plain, prompts, greedy(16), threaded=False)]
     got = [r[0] for r in run_all(mtp, prompts, greedy(16), threaded=False)]
     assert got == want

@@ -54,12 +54,16 @@ ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to m
 # tiles of PROMPT_GEMM_ROWS rows (backend/cuda_prefill.py); every other row takes MMVQ. The two
 # round differently (f16 vs Q8_1 activations), so the choice is made per request (its prompt
 # length) and per weight, never per window: a row's bits do not depend on what shares it.
-# Measured on the H200 (whole windows): ~3x faster than MMVQ on dense-8b, slower on SmolLM2's
-# small weights (hence the weight floor).
-LONG_PROMPT_TOKENS = 64
-PROMPT_GEMM_ROWS = 64
+# Measured on the H200 (bench_gpu_engine.py, dense-8b pp512, docs/notes/gpu-runs.md S4-8/9):
+# MMVQ 2783 tok/s; GEMM row tiles of 64 / 128 / 256 rows 6370 / 7888 / 8820. A window on this
+# path costs ~50 ms of dequantization and launches before its GEMMs (~4 ms per row tile), so it
+# beats MMVQ (~0.36 ms per row) from ~150 rows on: hence prompts of 256 tokens or more. Slower
+# on SmolLM2's small weights whatever the rows (hence the weight floor).
+LONG_PROMPT_TOKENS = 256
+PROMPT_GEMM_ROWS = 256
 PROMPT_GEMM_MIN_WEIGHT = 1 << 22
 PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
+PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
 
 
 def prefill_enabled() -> bool:
@@ -127,6 +131,7 @@ class CudaBackend(Backend):
         self.prefill = self.fused and prefill_enabled()
         self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
         self.prompt_gemm_min_weight = int(os.environ.get(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT))
+        self.prompt_gemm_rows = int(os.environ.get(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS))
         self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
         self._win_n = 0
         self.grouped = self.fused and grouped_enabled()
@@ -322,7 +327,7 @@ class CudaBackend(Backend):
                 mm.mmvq(p.type_id, p.blocks, p.rows, p.k, part, out=res[a:r0])
             if r0 < r1:
                 self._prefill_path().linear(p.type_id, p.blocks, p.rows, p.k, x[r0:r1], out=res[r0:r1],
-                                            tile_m=PROMPT_GEMM_ROWS)
+                                            tile_m=self.prompt_gemm_rows)
             a = r1
         if res is not out and out is not None:
             out[...] = res
