@@ -61,6 +61,10 @@ def main() -> int:
     ap.add_argument("--per-kind", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="only --spec 3 at min-p 0 and 0.5")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the engine's --device)")
+    ap.add_argument("--batch-configs", default="",
+                    help='batch-MTP settings to compare at 2 and 4 slots, e.g. "1:0.0,1:0.8,2:0.5" '
+                         '(--spec:--spec-min-p; default: the best 1-slot setting)')
+    ap.add_argument("--only-batch", action="store_true", help="skip the 1-slot table (plain 1-slot run only)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="time the first pass (on cuda it then includes capturing every window shape's graph)")
     a = ap.parse_args()
@@ -87,7 +91,7 @@ def main() -> int:
     want = {k: base[k].outputs for k in kinds}
     plain_tps = sum(b.tokens for b in base.values()) / sum(b.seconds for b in base.values())
 
-    specs = [3] if a.quick else [1, 2, 3, 4]
+    specs = [] if a.only_batch else [3] if a.quick else [1, 2, 3, 4]
     min_ps = [0.0, 0.5] if a.quick else [0.0, 0.5, 0.8]
     print("acceptance, per position: over windows that drafted (position j counts a window when drafts 1..j "
           "were all accepted); given previous: position j's rate among windows whose drafts 1..j-1 were "
@@ -122,26 +126,29 @@ def main() -> int:
             if best is None or tps > best[0]:
                 best = (tps, k_spec, mp)
 
-    print(f"\n1 slot, {a.device}: plain {plain_tps:.1f} tok/s; best MTP {best[0]:.1f} tok/s at --spec {best[1]} "
-          f"--spec-min-p {best[2]} ({best[0] / plain_tps:.2f}x).")
-    print("\n| slots | plain batching tok/s | batch-MTP tok/s | speed-up | tokens/window | lossless |")
-    print("|---|---|---|---|---|---|")
-    _, k_spec, mp = best
+    if best is not None:
+        print(f"\n1 slot, {a.device}: plain {plain_tps:.1f} tok/s; best MTP {best[0]:.1f} tok/s at --spec {best[1]} "
+              f"--spec-min-p {best[2]} ({best[0] / plain_tps:.2f}x).")
+    configs = [(int(c.split(":")[0]), float(c.split(":")[1])) for c in a.batch_configs.split(",") if c]
+    configs = configs or ([best[1:]] if best is not None else [(1, 0.0)])
+    print("\n| slots | --spec | min-p | plain batching tok/s | batch-MTP tok/s | speed-up | tokens/window | lossless |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in (2, 4):
         pl = load_core(a.pack, None, 0, parallel=n, **dev)
-        mt = load_core(a.pack, str(draft), k_spec, min_p=mp, parallel=n, batch_mtp=True, **dev)
         warm(pl, allp, n)
-        warm(mt, allp, n)
         r0 = run_prompts(pl, allp, a.max_tokens, concurrent=n)
-        r1 = run_prompts(mt, allp, a.max_tokens, concurrent=n)
-        flat = [o for k in kinds for o in want[k]]
-        m0, ok0 = verdict(plain, allp, flat, r0.outputs)
-        m1, ok1 = verdict(plain, allp, flat, r1.outputs)
-        exact &= r0.outputs == flat and r1.outputs == flat
-        lossless &= ok0 and ok1
-        t0, t1 = r0.tokens / r0.seconds, r1.tokens / r1.seconds
-        print(f"| {n} | {t0:.1f} | {t1:.1f} | {t1 / t0:.2f}x | {r1.tokens_per_window:.2f} | plain batching: {m0}; "
-              f"batch-MTP: {m1} |", flush=True)
+        for k_spec, mp in configs:
+            mt = load_core(a.pack, str(draft), k_spec, min_p=mp, parallel=n, batch_mtp=True, **dev)
+            warm(mt, allp, n)
+            r1 = run_prompts(mt, allp, a.max_tokens, concurrent=n)
+            flat = [o for k in kinds for o in want[k]]
+            m0, ok0 = verdict(plain, allp, flat, r0.outputs)
+            m1, ok1 = verdict(plain, allp, flat, r1.outputs)
+            exact &= r0.outputs == flat and r1.outputs == flat
+            lossless &= ok0 and ok1
+            t0, t1 = r0.tokens / r0.seconds, r1.tokens / r1.seconds
+            print(f"| {n} | {k_spec} | {mp} | {t0:.1f} | {t1:.1f} | {t1 / t0:.2f}x | {r1.tokens_per_window:.2f} | "
+                  f"plain batching: {m0}; batch-MTP: {m1} |", flush=True)
     print(f"\ngreedy outputs equal to plain decoding on every prompt and config: {'yes' if exact else 'NO'}; "
           f"every difference at a near-tie of the target's logits (gap < {TIE}): {'yes' if lossless else 'NO'}")
     return 0 if lossless else 1

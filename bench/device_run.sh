@@ -8,6 +8,14 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s4k)  # final numbers on the test model: decode B=1..8 and pp512 vs llama.cpp; batch-MTP settings at 2 and 4 slots
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+      | tee $OUT/engine.log | grep -E "^\||equal"
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --only-batch --batch-configs 1:0.0,1:0.5,1:0.8,2:0.5,3:0.8 \
+      > $OUT/batch.log 2>&1
+  grep -E "^\| [24] |greedy outputs|bench took" $OUT/batch.log
+  ;;
 s4j)  # final: the prompt-path tests at the chosen tiles (256 rows, prompts >= 256), every window test; dense and seed-moe pp512
   python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
