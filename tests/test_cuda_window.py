@@ -131,11 +131,12 @@ def test_attend_matches_generic(kind, H, n_kv, d, history, counts, neox, qk_norm
     assert same(pos_f, pos_g)
     def attend_fused(gqa: bool):
         """One block per query head, or (gqa) one per KV group's heads: must give the same bits."""
-        saved, FUSED.gqa_min_tokens = FUSED.gqa_min_tokens, (0 if gqa else 1 << 30)
+        saved = FUSED.gqa_min_tokens, FUSED.gqa_min_heads
+        FUSED.gqa_min_tokens, FUSED.gqa_min_heads = (0, 1) if gqa else (1 << 30, 1 << 30)
         try:
             return FUSED.attend(1, q, k, v, spans_f, pos_f, rope, *norms)
         finally:
-            FUSED.gqa_min_tokens = saved
+            FUSED.gqa_min_tokens, FUSED.gqa_min_heads = saved
 
     for splits in (1, 2, 16):
         FUSED.splits = splits

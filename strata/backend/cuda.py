@@ -36,6 +36,10 @@ GQA_ENV = "STRATA_CUDA_ATT_GQA_MIN"
 # (fused.attention_kv gqa=True: K/V loaded once for the group; the same bits as one block per
 # head). Decode windows keep one head per block (more blocks in flight for a few tokens).
 GQA_MIN_TOKENS = 16
+# ... and only where a block takes at least this many query heads: measured faster with 8
+# (seed-moe pp512 3249 -> 3379), the same with 4 (dense-8b), slower with 3 (SmolLM2: 37.9k ->
+# 33.6k tok/s: the 8-head kernel's registers leave one block per SM)
+GQA_MIN_HEADS = 8
 GROUPED_ENV = "STRATA_CUDA_GROUPED"
 # Experts grouped by expert (mmvq_grouped: one weight pass per tile of up to 8 pairs of one
 # expert) from this many (token, expert) pairs per expert on average: prefill windows. Decode
@@ -136,6 +140,7 @@ class CudaBackend(Backend):
         self._win_n = 0
         self.grouped = self.fused and grouped_enabled()
         self.gqa_min_tokens = int(os.environ.get(GQA_ENV, GQA_MIN_TOKENS))  # benchmarks compare
+        self.gqa_min_heads = GQA_MIN_HEADS
         self._win = None  # the current window's table on the device (fused path)
         # set by the graph runner: (table buffer a graph reads, [(offset, length, splits)] of each
         # window the captured function begins, in order); _win_next counts the windows begun
@@ -434,7 +439,7 @@ class CudaBackend(Backend):
         n, heads, d = (int(x) for x in q.shape)
         q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
         out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8, self._att_counters,
-                              gqa=n >= self.gqa_min_tokens)
+                              gqa=n >= self.gqa_min_tokens and fk.heads_per_block(heads, int(k.shape[1])) >= self.gqa_min_heads)
         self._q8_memo = (out, q8) if q8 is not None else None  # the output projection reads them
         return out
 
