@@ -1,5 +1,5 @@
 """Why is a 512-token window slow? Wall time of one prefill window (synchronised) with the
-cuBLAS prefill path off/on, and a cProfile of the host side of one window.
+long-prompt GEMM path off/on (STRATA_CUDA_PREFILL=0/1), and a cProfile of the host side of one window.
 
   python bench/gpu_prefill_probe.py --pack P [--tokens 512]
 """
@@ -39,7 +39,8 @@ def main() -> int:
 
         def window():
             c = m.new_cache(4096, "f16")
-            m.forward(ids, [Span(c, 0, len(ids))])
+            # a prompt's rows, marked as the scheduler marks long prompts (STRATA_CUDA_PREFILL=1: GEMM)
+            m.forward(ids, [Span(c, 0, len(ids), long_prompt=len(ids) >= (m.b.long_prompt_tokens or 1 << 62))])
             cp.cuda.Device().synchronize()
 
         window()

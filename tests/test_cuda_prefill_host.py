@@ -1,8 +1,7 @@
 """The device dequantizer's chunk expansion (strata/kernels/cuda/dequant_chunk.cuh) compiled for
 the CPU with g++ under the host emulation of the device helpers, checked bit-exact against
 strata.kernels.dequant on fresh random valid blocks of every type it serves (quantized and
-F32/F16/BF16), whole rows through Dequant<ID>::chunk (skips without g++); and
-PrefillPath.prefer against its crossover table. Runs without a GPU.
+F32/F16/BF16), whole rows through Dequant<ID>::chunk (skips without g++). Runs without a GPU.
 """
 
 from __future__ import annotations
@@ -91,16 +90,3 @@ def test_chunk_expansion_bit_exact(expander):
         if run.returncode or got.shape != ref.shape or not np.array_equal(got, ref, equal_nan=True):
             bad.append(t.name)
     assert not bad, f"chunk expansion differs from strata.kernels.dequant: {bad}"
-
-
-def test_prefer_follows_the_crossover_table():
-    from strata.backend.cuda_prefill import MAX_MMVQ_COLS, PrefillPath, crossover
-    from strata.kernels.cuda.dequant import supported_types
-
-    for tid in supported_types():
-        for rows, k in ((576, 1536), (4096, 14336)):
-            c = crossover(tid, rows, k)
-            assert c > MAX_MMVQ_COLS  # up to 8 columns one MMVQ launch always wins
-            for n in (1, MAX_MMVQ_COLS, c - 1):
-                assert not PrefillPath.prefer(tid, n, rows, k)
-            assert PrefillPath.prefer(tid, c, rows, k) and PrefillPath.prefer(tid, 4096, rows, k)

@@ -1,10 +1,12 @@
-"""Prefill on the GPU: a weight times many columns as device dequantization + one cuBLAS GEMM.
+"""Prompt rows on the GPU: a weight times many columns as device dequantization + cuBLAS GEMM.
 
-The MMVQ kernels take at most 8 columns per launch, so a window of n columns costs ceil(n/8)
-launches that each stream the whole weight. For wide windows it is cheaper to widen the
-weight once to float16 (strata.kernels.cuda.dequant: bit-exact values, rounded to f16) and
-run one tensor-core GEMM. The widened weight goes into a scratch buffer kept by the
-PrefillPath, a tile of rows at a time, so memory stays bounded whatever the weight.
+The MMVQ kernels stream the whole weight once per 8 columns. For a long prompt it is cheaper
+to widen the weight once to float16 (strata.kernels.cuda.dequant: bit-exact values, rounded to
+f16) and run tensor-core GEMMs. The widened weight goes into a scratch buffer kept by the
+PrefillPath, a tile of rows at a time, so memory stays bounded whatever the weight. Which rows
+take this path is the backend's rule (CudaBackend: rows of prompts of 256+ tokens, on weights
+of 4M+ elements), fixed per request so batching stays bit-invariant; `tile_m` makes every
+GEMM run on a fixed number of rows for the same reason.
 
 GEMM precision: float16 inputs (weights and activations rounded to f16, relative error
 <= 2^-11 each), float32 accumulation and float32 output, through cublasGemmEx with
@@ -12,17 +14,12 @@ CUBLAS_COMPUTE_32F. (cupy.matmul on two float16 arrays returns float16: its outp
 rounded to f16 and overflow past 65504, hence the direct call.)
 
     path = PrefillPath(scratch_bytes=DEFAULT_SCRATCH_BYTES)
-    y = path.linear(type_id, blocks, rows, k, x, out=None)   # x (n, k) float32 -> (n, rows) float32
-    path.prefer(type_id, n, rows, k) -> bool                  # this path beats ceil(n/8) MMVQ launches
+    y = path.linear(type_id, blocks, rows, k, x, out=None, tile_m=None)  # x (n, k) f32 -> (n, rows) f32
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from strata.kernels.ggml_types import type_by_id
-
-MAX_MMVQ_COLS = 8  # strata.kernels.cuda.mmvq.MAX_COLS (not imported: keeps this module CuPy-free)
 
 # Scratch for one tile of widened weights (whole rows). Each tile costs a dequant launch and a
 # GEMM call (~80 us of host time per tile, eager), so tiles are large: 128 MiB holds a 4096 x
@@ -30,37 +27,12 @@ MAX_MMVQ_COLS = 8  # strata.kernels.cuda.mmvq.MAX_COLS (not imported: keeps this
 # n=512: 8 MiB (14 tiles) 1.21 ms, 32 MiB (4) 0.39 ms, 64 MiB (2) 0.25 ms, 128 MiB (1) 0.18 ms.
 DEFAULT_SCRATCH_BYTES = 128 << 20
 
-# Smallest window (columns) at which dequant + GEMM beats MMVQ launches of 8 columns, per type,
-# as (small weights: rows * k < SMALL_WEIGHTS, large weights). Measured eager (Python launch cost
-# included, as the CUDA backend runs today) by bench/bench_gpu_prefill.py on the H200, run 2 of
-# "Prefill path" in docs/notes/gpu-runs.md; measured n were 16, 32, 64, 128, 512, so a value is
-# "from this n on" and n between 9 and the value stays on MMVQ. Small = 576x1536, large = the
-# worse of 4096x14336 and 14336x4096. On GPU time alone (no launch cost) it is 16 (small) and
-# 32 (large; 16 for TQ1_0) for every quantized type.
-SMALL_WEIGHTS = 1 << 22
-CROSSOVER: dict[str, tuple[int, int]] = {
-    "Q4_0": (64, 32), "Q4_1": (64, 32), "Q5_0": (64, 32), "Q5_1": (64, 32), "Q8_0": (64, 32),
-    "Q2_K": (64, 32), "Q3_K": (64, 32), "Q4_K": (64, 32), "Q5_K": (64, 32), "Q6_K": (64, 32),
-    "IQ2_XXS": (64, 32), "IQ2_XS": (64, 32), "IQ2_S": (64, 32), "IQ3_XXS": (64, 32), "IQ3_S": (64, 32),
-    "IQ1_S": (64, 32), "IQ1_M": (64, 32), "IQ4_NL": (64, 32), "IQ4_XS": (64, 32), "TQ1_0": (64, 16),
-    "TQ2_0": (64, 32), "MXFP4": (64, 32), "NVFP4": (64, 32), "Q1_0": (64, 64), "Q2_0": (64, 64),
-    "F32": (64, 32), "F16": (32, 16), "BF16": (64, 16),
-}
-DEFAULT_CROSSOVER = (64, 64)  # a type missing from the table (none today)
-
 # cuBLAS enum values (cublas_api.h / library_types.h)
 _OP_N, _OP_T = 0, 1
 _R_16F, _R_32F = 2, 0
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
 _POINTER_MODE_HOST = 0
-
-
-def crossover(type_id: int, rows: int, k: int) -> int:
-    """Columns from which PrefillPath.linear is faster than MMVQ launches (measured table)."""
-    t = type_by_id(type_id)
-    small, large = CROSSOVER.get(t.name if t else "", DEFAULT_CROSSOVER)
-    return small if rows * k < SMALL_WEIGHTS else large
 
 
 class PrefillPath:
@@ -76,11 +48,6 @@ class PrefillPath:
         self._o32 = None  # float32 flat scratch: outputs of padded row tiles
         self._alpha = np.ones(1, dtype=np.float32)  # host scalars for cublasGemmEx (host pointer mode)
         self._beta = np.zeros(1, dtype=np.float32)
-
-    @staticmethod
-    def prefer(type_id: int, n: int, rows: int, k: int) -> bool:
-        """Whether linear() beats today's path (ceil(n/8) MMVQ launches) for this window."""
-        return n > MAX_MMVQ_COLS and n >= crossover(type_id, rows, k)
 
     def tile_rows(self, rows: int, k: int) -> int:
         return max(1, min(rows, self.scratch_bytes // (2 * k)))
