@@ -300,6 +300,21 @@ def test_long_prompt_rows_are_batch_invariant(tmp_path, arch, monkeypatch):
     assert rel(cp.asarray(whole), cp.asarray(mmvq_rows)) < 5e-2  # f16 vs Q8_1 activations, 2 layers
 
 
+def test_head_rows_never_take_the_prompt_path(tmp_path, monkeypatch):
+    """A window whose every row wants logits (a long prompt's 1-row last chunk beside a decode
+    row): the head's rows are a selection, so they multiply through MMVQ like any head row."""
+    monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
+    model = _load(synth_for_gpu(tmp_path, "llama"), CudaBackend(fused=True))
+    rng = np.random.default_rng(4)
+    c0, c1 = model.new_cache(1024, "f16"), model.new_cache(1024, "f16")
+    p = rng.integers(0, model.n_vocab, 300)
+    model.forward(p[:299], [Span(c0, 0, 299, long_prompt=True)])
+    model.forward(rng.integers(0, model.n_vocab, 5), [Span(c1, 0, 5)])
+    toks = np.asarray([p[299], 7], np.int64)
+    hidden, logits = model.forward(toks, [Span(c0, 299, 1, long_prompt=True), Span(c1, 5, 1)], logit_rows=[0, 1])
+    assert same(logits, model.logits(hidden))  # after the window: no prompt rows, plain MMVQ
+
+
 def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
     """The seed story on the GPU: --batch-mtp at 4 slots, the draft's steps replayed as graphs
     too, gives plain decoding's tokens (greedy), and the draft graphs were used."""

@@ -88,6 +88,10 @@ class Backend(ABC):
     def window(self, n_tokens: int) -> None:
         """Called before each forward with the window's token count (CPU: BLAS thread policy)."""
 
+    def end_blocks(self) -> None:
+        """Called once the window's blocks have run: linears after this (the output head on
+        chosen rows) no longer take the window's rows one to one."""
+
     def begin_window(self, spans: Sequence[Any]) -> Any:
         """Called once per window (main model or draft) after the caches have room; returns
         the positions (n,) on the device. Spans are Span(cache, start, count)."""

@@ -390,6 +390,11 @@ class CudaBackend(Backend):
             self.splits = self.splits_for(spans)
         return self._win[:n]
 
+    def end_blocks(self) -> None:
+        # the head's rows are a selection of the window's (logit rows): never the prompt path,
+        # even when as many rows are chosen as the window has
+        self._prompt_rows = []
+
     def _cuda_caches(self, spans: Sequence[Any]) -> bool:
         fk = self._fk
         return all(sp.cache.xp is self.xp and sp.cache.d <= fk.KV_MAX_HEAD_DIM

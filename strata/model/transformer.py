@@ -213,6 +213,7 @@ class Transformer:
         y = None
         for i, bw in enumerate(self.blocks):
             x, y = self.runner.block(bw, i, x, y, spans, pos)
+        self.b.end_blocks()
         return x, y
 
     def logits(self, hidden: Any) -> Any:
