@@ -110,7 +110,7 @@ class DraftNet(torch.nn.Module):
         """
         d = self.dims
         T = hidden.shape[1]
-        cos, sin = rope_tables(d, T)
+        cos, sin = (t.to(hidden.device) for t in rope_tables(d, T))  # made on the host
         x = self._inputs(tokens[:, 1:], hidden)
         q, k, v = self._qkv(x, cos, sin)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)

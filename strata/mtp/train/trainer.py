@@ -370,13 +370,14 @@ def teacher_forced_acceptance(net, seqs: list[Sequence], passes: int = 3) -> lis
     hit, tries = np.zeros(passes, np.int64), np.zeros(passes, np.int64)
     with torch.no_grad():
         for s in seqs:
-            tokens, hidden, top_ids, _ = Batches.tensors([s])
+            device = net.head.device  # --device cuda: the batch goes where the net is
+            tokens, hidden, top_ids, _ = (t.to(device) for t in Batches.tensors([s]))
             T = hidden.shape[1]
             if T <= passes:
                 continue
             tgt = top_ids[0, :, 0]
             n = T - passes  # rows whose whole chain has targets
-            chain_ok = torch.ones(n, dtype=torch.bool)
+            chain_ok = torch.ones(n, dtype=torch.bool, device=device)
             for j in range(passes):  # prompt rows have no target: they are no drafting window
                 chain_ok &= tgt[1 + j : 1 + j + n] >= 0
             for j, g in enumerate(net.unrolled(tokens, hidden, passes)):
