@@ -164,19 +164,19 @@ def test_experts_grouped_equals_one_pass_per_pair(type_id):
 
 
 def test_expert_plan_tiles_cover_every_pair_once():
+    """The plan built by CuPy on the device equals the host (numpy) plan tests/test_expert_plan.py checks."""
+    from tests.support.plans import assert_plan_covers
+
     rng = _rng(77)
     n_expert = 16
     ids = rng.integers(0, n_expert, (200, 4)).astype(np.int32)
     ids[ids == 3] = 5  # an unused expert
+    ids[7, 2] = -1
     plan = gpu.expert_plan(cp.asarray(ids), n_expert)
-    tiles, used = cp.asnumpy(plan.tiles), int(cp.asnumpy(plan.n_tiles)[0])
-    order = cp.asnumpy(plan.order)
-    seen = np.zeros(ids.size, np.int64)
-    for e, s0, nc, _ in tiles[:used]:
-        assert 1 <= nc <= gpu.GROUP_COLS
-        assert (ids.reshape(-1)[order[s0 : s0 + nc]] == e).all()
-        seen[order[s0 : s0 + nc]] += 1
-    assert (seen == 1).all() and used <= plan.max_tiles
+    host = gpu.expert_plan(ids, n_expert, xp=np)
+    used = int(cp.asnumpy(plan.n_tiles)[0])
+    assert_plan_covers(ids, n_expert, cp.asnumpy(plan.order), cp.asnumpy(plan.tiles), used, plan.max_tiles)
+    assert np.array_equal(cp.asnumpy(plan.tiles), host.tiles) and used == int(host.n_tiles[0])
 
 
 def test_more_columns_than_one_launch():

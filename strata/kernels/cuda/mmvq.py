@@ -340,9 +340,10 @@ class ExpertPlan:
     n_expert: int
 
 
-def expert_plan(expert_ids_dev, n_expert: int) -> ExpertPlan:
-    """ids (ncols, n_used) int32 on the device -> the ExpertPlan of its pairs."""
-    cp = _cp()
+def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
+    """ids (ncols, n_used) int32 on the device -> the ExpertPlan of its pairs. xp: the array
+    module (CuPy unless given; numpy builds the same plan on the host, for tests)."""
+    cp = xp if xp is not None else _cp()
     ids = cp.asarray(expert_ids_dev, dtype=cp.int32)
     if ids.ndim != 2:
         raise ValueError(f"expert_plan: expert_ids must be (ncols, n_used), got {ids.shape}")
