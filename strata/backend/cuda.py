@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from strata.backend.base import Backend, RopeParams, TensorSource, window_positions
+from strata.errors import StrataError
 from strata.kernels.dequant import dequantize, dequantize_rows
 from strata.kernels.ggml_types import type_by_id, type_by_name
 
@@ -68,6 +69,21 @@ PROMPT_GEMM_ROWS = 256
 PROMPT_GEMM_MIN_WEIGHT = 1 << 22
 PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
 PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
+
+
+def env_int(name: str, default: int, minimum: int) -> int:
+    """A whole-number setting from the environment (benchmark and test knobs): one clear line
+    naming the variable when it is not a number >= minimum."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise StrataError(f"{name}={raw!r}: expected a whole number >= {minimum}")
+    return value
 
 
 def prefill_enabled() -> bool:
@@ -134,12 +150,12 @@ class CudaBackend(Backend):
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
         self.prefill = self.fused and prefill_enabled()
         self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
-        self.prompt_gemm_min_weight = int(os.environ.get(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT))
-        self.prompt_gemm_rows = int(os.environ.get(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS))
+        self.prompt_gemm_min_weight = env_int(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT, 0)
+        self.prompt_gemm_rows = env_int(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS, 1)
         self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
         self._win_n = 0
         self.grouped = self.fused and grouped_enabled()
-        self.gqa_min_tokens = int(os.environ.get(GQA_ENV, GQA_MIN_TOKENS))  # benchmarks compare
+        self.gqa_min_tokens = env_int(GQA_ENV, GQA_MIN_TOKENS, 1)  # benchmarks compare
         self.gqa_min_heads = GQA_MIN_HEADS
         self._win = None  # the current window's table on the device (fused path)
         # set by the graph runner: (table buffer a graph reads, [(offset, length, splits)] of each

@@ -6,7 +6,20 @@ Training runs on PyTorch (the optional `train` extra) or, without it, on the xp 
 
 from __future__ import annotations
 
+import argparse
+
 from strata.engine.options import _positive_int as _positive
+
+
+def _minutes(value: str) -> float:
+    """argparse type: a positive number of minutes."""
+    try:
+        m = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {value!r}") from None
+    if not m > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes > 0, got {value!r}")
+    return m
 
 
 def add_arguments(p) -> None:
@@ -30,10 +43,10 @@ def add_arguments(p) -> None:
                    help="sequences generated together per window (default 64 with --device cuda, else 16)")
     t.add_argument("--batch-tokens", type=_positive, default=2048, help="tokens per training step")
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW, cosine decay)")
-    t.add_argument("--train-minutes", type=float, default=None,
+    t.add_argument("--train-minutes", type=_minutes, default=None,
                    help="train about this long: as many steps as fit, up to --steps (fitted after 20 steps)")
     t.add_argument("--eval-every", type=_positive, default=50, help="steps between held-out acceptance checks")
-    t.add_argument("--data-minutes", type=float, default=None, help="stop generating training text after this long")
+    t.add_argument("--data-minutes", type=_minutes, default=None, help="stop generating training text after this long")
     t.add_argument("--one-pass", action="store_true", help="train draft position 1 only (cheaper, weaker at --spec >= 2)")
     t.add_argument("--passes", type=_positive, default=2,
                    help="draft positions trained by unrolling the draft on its own outputs (default 2)")
