@@ -13,6 +13,11 @@ code; consecutive parts of a fused weight (q,k,v / gate,up) with one native type
 as one weight and run as one MMVQ launch; activations are quantized once per linear() and
 shared by its parts; mat-vec launches go straight to the compiled kernel. STRATA_CUDA_FUSED=0
 keeps the generic path (array-module ops of Backend with xp = cupy, one launch per part).
+
+Prefill: an MoE's (token, expert) pairs are grouped by expert (one weight pass per tile of 8
+pairs, the decode kernel's bits), attention takes a KV group's 8 query heads per block, and
+long prompts' rows multiply large weights through dequant + cuBLAS GEMM in fixed row tiles
+(chosen per request, never per window, so batching stays bit-invariant).
 """
 
 from __future__ import annotations
@@ -29,10 +34,17 @@ from strata.kernels.dequant import dequantize, dequantize_rows
 from strata.kernels.ggml_types import type_by_id, type_by_name
 
 
+# Switches read from the environment (on unless set to 0) and number knobs (benchmarks, tests)
 FUSED_ENV = "STRATA_CUDA_FUSED"
 PREFILL_ENV = "STRATA_CUDA_PREFILL"
-MAX_SPLITS = 64  # attention key splits per (head, token)
+GROUPED_ENV = "STRATA_CUDA_GROUPED"
 GQA_ENV = "STRATA_CUDA_ATT_GQA_MIN"
+PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
+PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
+
+MAX_SPLITS = 64  # attention key splits per (head, token)
+ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
+
 # Windows of at least this many tokens run attention with one block per KV group's query heads
 # (fused.attention_kv gqa=True: K/V loaded once for the group; the same bits as one block per
 # head). Decode windows keep one head per block (more blocks in flight for a few tokens).
@@ -41,25 +53,18 @@ GQA_MIN_TOKENS = 16
 # (seed-moe pp512 3249 -> 3379), the same with 4 (dense-8b), slower with 3 (SmolLM2: 37.9k ->
 # 33.6k tok/s: the 8-head kernel's registers leave one block per SM)
 GQA_MIN_HEADS = 8
-GROUPED_ENV = "STRATA_CUDA_GROUPED"
+
 # Experts grouped by expert (mmvq_grouped: one weight pass per tile of up to 8 pairs of one
 # expert) from this many (token, expert) pairs per expert on average: prefill windows. Decode
 # windows (a few tokens, captured in graphs) keep one pass per pair; both give the same bits.
 GROUPED_PAIRS_PER_EXPERT = 2
-
-
-def grouped_enabled() -> bool:
-    """Grouped experts for wide windows: on unless STRATA_CUDA_GROUPED=0 (benchmarks compare)."""
-    return os.environ.get(GROUPED_ENV, "1") != "0"
-ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
-
 
 # Long prompts' rows (Span.long_prompt, prompts of at least LONG_PROMPT_TOKENS tokens) multiply
 # large weights (rows * k >= PROMPT_GEMM_MIN_WEIGHT) through dequant + cuBLAS GEMM in fixed
 # tiles of PROMPT_GEMM_ROWS rows (backend/cuda_prefill.py); every other row takes MMVQ. The two
 # round differently (f16 vs Q8_1 activations), so the choice is made per request (its prompt
 # length) and per weight, never per window: a row's bits do not depend on what shares it.
-# Measured on the H200 (bench_gpu_engine.py, dense-8b pp512, docs/notes/gpu-runs.md S4-8/9):
+# Measured on the H200 (bench_gpu_engine.py, dense-8b pp512, docs/notes/gpu-runs.md S4-9/10):
 # MMVQ 2783 tok/s; GEMM row tiles of 64 / 128 / 256 rows 6370 / 7888 / 8820. A window on this
 # path costs ~50 ms of dequantization and launches before its GEMMs (~4 ms per row tile), so it
 # beats MMVQ (~0.36 ms per row) from ~150 rows on: hence prompts of 256 tokens or more. Slower
@@ -67,8 +72,11 @@ ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to m
 LONG_PROMPT_TOKENS = 256
 PROMPT_GEMM_ROWS = 256
 PROMPT_GEMM_MIN_WEIGHT = 1 << 22
-PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
-PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
+
+
+def grouped_enabled() -> bool:
+    """Grouped experts for wide windows: on unless STRATA_CUDA_GROUPED=0 (benchmarks compare)."""
+    return os.environ.get(GROUPED_ENV, "1") != "0"
 
 
 def env_int(name: str, default: int, minimum: int) -> int:
