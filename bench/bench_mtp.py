@@ -65,6 +65,7 @@ def main() -> int:
                     help='batch-MTP settings to compare at 2 and 4 slots, e.g. "1:0.0,1:0.8,2:0.5" '
                          '(--spec:--spec-min-p; default: the best 1-slot setting)')
     ap.add_argument("--only-batch", action="store_true", help="skip the 1-slot table (plain 1-slot run only)")
+    ap.add_argument("--specs", default="", help='--spec values of the 1-slot table, e.g. "1,3" (default 1..4)')
     ap.add_argument("--no-warmup", action="store_true",
                     help="time the first pass (on cuda it then includes capturing every window shape's graph)")
     a = ap.parse_args()
@@ -91,7 +92,7 @@ def main() -> int:
     want = {k: base[k].outputs for k in kinds}
     plain_tps = sum(b.tokens for b in base.values()) / sum(b.seconds for b in base.values())
 
-    specs = [] if a.only_batch else [3] if a.quick else [1, 2, 3, 4]
+    specs = [] if a.only_batch else [int(k) for k in a.specs.split(",")] if a.specs else [3] if a.quick else [1, 2, 3, 4]
     min_ps = [0.0, 0.5] if a.quick else [0.0, 0.5, 0.8]
     print("acceptance, per position: over windows that drafted (position j counts a window when drafts 1..j "
           "were all accepted); given previous: position j's rate among windows whose drafts 1..j-1 were "

@@ -8,6 +8,15 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s5a)  # (next session) fused drafting on the GPU: its window tests, then MTP with and without it on the test model
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 -m pytest -q tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for f in 0 1; do
+    STRATA_MTP_FUSED=$f python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 --specs 1 \
+        --batch-configs 1:0.0 2>&1 | grep -E "\| all \||^1 slot|^\| [24] |greedy outputs" | sed "s/^/[fused=$f] /"
+  done | tee $OUT/fused.log
+  ;;
 s4k)  # final numbers on the test model: decode B=1..8 and pp512 vs llama.cpp; batch-MTP settings at 2 and 4 slots
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \

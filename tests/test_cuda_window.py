@@ -355,6 +355,27 @@ def test_batch_mtp_with_long_prompts_equals_plain(tmp_path, monkeypatch):
     assert got == want
 
 
+def test_fused_drafting_equals_plain_and_replays_one_graph(tmp_path, monkeypatch):
+    """STRATA_MTP_FUSED=1, --spec 1, --batch-mtp at 4 slots: windows verify and draft for the
+    next window in one graph; greedy tokens equal plain decoding."""
+    from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
+
+    require_synth_tokenizer()
+    pack = make_seed_moe(tmp_path / "seed")
+    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4"]
+    plain, _ = load_engine(base)
+    monkeypatch.setenv("STRATA_MTP_FUSED", "1")
+    fused, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "1", "--batch-mtp"])
+    assert fused.scheduler.cfg.fused_drafts
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(10, 1000, int(rng.integers(5, 40))).tolist() for _ in range(6)]
+    want = [r[0] for r in run_all(plain, prompts, greedy(24), threaded=False)]
+    got = [r[0] for r in run_all(fused, prompts, greedy(24), threaded=False)]
+    assert got == want
+    graphs = fused.model.b.graphs
+    assert any(key[0][0] == "model+next-draft" for key in graphs.graphs), "no fused window was graphed"
+
+
 def test_draft_chain_equals_step_by_step(tmp_path):
     """k greedy draft steps in one graph (each fed the last one's argmax on the device) give
     the same ids, top probabilities and draft cache as k step_last calls."""

