@@ -315,21 +315,29 @@ def test_head_rows_never_take_the_prompt_path(tmp_path, monkeypatch):
     assert same(logits, model.logits(hidden))  # after the window: no prompt rows, plain MMVQ
 
 
-def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
-    """The seed story on the GPU: --batch-mtp at 4 slots, the draft's steps replayed as graphs
-    too, gives plain decoding's tokens (greedy), and the draft graphs were used."""
+def _batch_mtp_equals_plain(tmp_path, spec: int, lengths: tuple[int, int], tokens: int, seed: int,
+                            extra: tuple[str, ...] = ()):
+    """--batch-mtp at 4 slots on the seed-moe pack against plain decoding, greedy, 6 prompts of
+    random lengths in [lengths): the same tokens. Returns the MTP engine."""
     from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
 
     require_synth_tokenizer()
     pack = make_seed_moe(tmp_path / "seed")
-    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4"]
+    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4", *extra]
     plain, _ = load_engine(base)
-    mtp, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3", "--batch-mtp"])
-    rng = np.random.default_rng(5)
-    prompts = [rng.integers(10, 1000, int(rng.integers(5, 40))).tolist() for _ in range(6)]
-    want = [r[0] for r in run_all(plain, prompts, greedy(20), threaded=False)]
-    got = [r[0] for r in run_all(mtp, prompts, greedy(20), threaded=False)]
+    mtp, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", str(spec), "--batch-mtp"])
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(10, 1000, int(rng.integers(*lengths))).tolist() for _ in range(6)]
+    want = [r[0] for r in run_all(plain, prompts, greedy(tokens), threaded=False)]
+    got = [r[0] for r in run_all(mtp, prompts, greedy(tokens), threaded=False)]
     assert got == want
+    return mtp
+
+
+def test_batch_mtp_with_graphed_draft_equals_plain(tmp_path):
+    """The seed story on the GPU: --batch-mtp at 4 slots, the draft's steps replayed as graphs
+    too, gives plain decoding's tokens (greedy), and the draft graphs were used."""
+    mtp = _batch_mtp_equals_plain(tmp_path, 3, (5, 40), 20, 5)
     graphs = mtp.model.b.graphs
     assert any(key[0][0] == "draft-chain" for key in graphs.graphs), "the draft never ran as a graph chain"
     assert graphs.replays > 0
@@ -339,40 +347,18 @@ def test_batch_mtp_with_long_prompts_equals_plain(tmp_path, monkeypatch):
     """Long prompts (their rows through GEMM, chunked by a small --prefill budget that the
     slots share, so chunks fall differently in the two runs) with --batch-mtp at 4 slots: the
     greedy tokens of plain decoding."""
-    from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
-
-    require_synth_tokenizer()
     monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
-    pack = make_seed_moe(tmp_path / "seed")
-    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4", "--prefill", "300"]
-    plain, _ = load_engine(base)
-    mtp, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3", "--batch-mtp"])
-    assert plain.model.b.long_prompt_tokens == 256
-    rng = np.random.default_rng(9)
-    prompts = [rng.integers(10, 1000, int(rng.integers(256, 420))).tolist() for _ in range(6)]
-    want = [r[0] for r in run_all(plain, prompts, greedy(16), threaded=False)]
-    got = [r[0] for r in run_all(mtp, prompts, greedy(16), threaded=False)]
-    assert got == want
+    mtp = _batch_mtp_equals_plain(tmp_path, 3, (256, 420), 16, 9, ("--prefill", "300"))
+    assert mtp.model.b.long_prompt_tokens == 256
 
 
 def test_fused_drafting_equals_plain_and_replays_one_graph(tmp_path, monkeypatch):
     """STRATA_MTP_FUSED=1, --spec 1, --batch-mtp at 4 slots: windows verify and draft for the
     next window in one graph; greedy tokens equal plain decoding."""
-    from tests.support.engines import greedy, load_engine, make_seed_moe, run_all
-
-    require_synth_tokenizer()
-    pack = make_seed_moe(tmp_path / "seed")
-    base = ["--pack", str(pack), "--device", "cuda", "--parallel", "4"]
-    plain, _ = load_engine(base)
     monkeypatch.setenv("STRATA_MTP_FUSED", "1")
-    fused, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "1", "--batch-mtp"])
-    assert fused.scheduler.cfg.fused_drafts
-    rng = np.random.default_rng(6)
-    prompts = [rng.integers(10, 1000, int(rng.integers(5, 40))).tolist() for _ in range(6)]
-    want = [r[0] for r in run_all(plain, prompts, greedy(24), threaded=False)]
-    got = [r[0] for r in run_all(fused, prompts, greedy(24), threaded=False)]
-    assert got == want
-    graphs = fused.model.b.graphs
+    mtp = _batch_mtp_equals_plain(tmp_path, 1, (5, 40), 24, 6)
+    assert mtp.scheduler.cfg.fused_drafts
+    graphs = mtp.model.b.graphs
     assert any(key[0][0] == "model+next-draft" for key in graphs.graphs), "no fused window was graphed"
 
 
