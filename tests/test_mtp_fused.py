@@ -103,3 +103,19 @@ def test_fused_batch_mtp_is_lossless(monkeypatch, plain):
     acc = run_prompts(core, prompts, MAX_TOKENS, concurrent=2)
     assert acc.outputs == want
     assert acc.accepted > 0 and seen["_fused_after"] > 0
+
+
+def test_a_failing_fused_window_runs_plain_and_keeps_serving(monkeypatch, plain):
+    """A fault in the fused path (STRATA_FAULT_INJECT=mtp-fused@0): the slot's MTP is turned off
+    (said once), that window runs as a plain window with its drafts, and every output still
+    equals plain decoding."""
+    prompts, want = plain
+    monkeypatch.setenv("STRATA_FAULT_INJECT", "mtp-fused@0")
+    core = _mtp(monkeypatch, True)
+    lines: list[str] = []
+    core.scheduler.log = lines.append
+    got = run_prompts(core, prompts, MAX_TOKENS)
+    assert got.outputs == want
+    failed = [ln for ln in lines if "MTP fused_draft for slot 0 failed" in ln]
+    assert len(failed) == 1 and "injected fault" in failed[0]
+    assert core.scheduler.fallbacks["mtp_fused_draft_failed"] >= 1

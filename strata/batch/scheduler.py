@@ -269,9 +269,21 @@ class Scheduler:
             off += len(e.tokens)
         draft_out = None
         if draft_rows:
-            hidden, logits, dids, dtop = forward_with_next_drafts(self.model, self.proposer.draft, tokens, spans, rows,
-                                                                  draft_rows, draft_spans)
-            draft_out = (dids, dtop)
+            try:
+                for i in fuse_at:
+                    self.faults.check("mtp-fused", i)
+                hidden, logits, dids, dtop = forward_with_next_drafts(self.model, self.proposer.draft, tokens, spans,
+                                                                      rows, draft_rows, draft_spans)
+                draft_out = (dids, dtop)
+            except Exception as e:  # the fused slots lose MTP; the window runs plain (its drafts stay)
+                for sp in draft_spans:
+                    sp.cache.length = sp.start
+                for s in self.slots:
+                    if s.index in fuse_at:
+                        self._mtp_fail(s, "fused_draft", e)
+                fuse_at, draft_rows = {}, []
+        if draft_out is not None:
+            pass  # the hidden states and the rows' argmax came with the fused window
         elif rows:
             hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
             # greedy rows without logprobs need only the argmax: on the GPU that is a few
