@@ -33,6 +33,20 @@ class Span:
     long_prompt: bool = False
 
 
+def reserve(spans: Sequence[Span]) -> None:
+    """Before a window: each span must start where its cache ends; the caches get room."""
+    for sp in spans:
+        if sp.start != sp.cache.length:
+            raise RuntimeError(f"span starts at {sp.start} but its cache holds {sp.cache.length}")
+        sp.cache.ensure(sp.start + sp.count)
+
+
+def advance(spans: Sequence[Span]) -> None:
+    """After a window: each cache holds its span's positions."""
+    for sp in spans:
+        sp.cache.length = sp.start + sp.count
+
+
 @dataclass
 class BlockWeights:
     attn_norm: Any
@@ -186,10 +200,7 @@ class Transformer:
         graphs (CUDA) replays a captured graph of the window (head included) for windows it takes.
         """
         b = self.b
-        for sp in spans:
-            if sp.start != sp.cache.length:
-                raise RuntimeError(f"span starts at {sp.start} but its cache holds {sp.cache.length}")
-            sp.cache.ensure(sp.start + sp.count)
+        reserve(spans)
         graphs = getattr(b, "graphs", None)
         if graphs is not None and graphs.takes(spans):
             out = graphs.run(self, tokens, spans, logit_rows)
@@ -197,8 +208,7 @@ class Transformer:
             out = self.run_window(b.embed(self.embd, tokens), spans)
             if logit_rows is not None:
                 out = (out, self.logits(out[b.xp.asarray(np.asarray(logit_rows, np.int64))]))
-        for sp in spans:
-            sp.cache.length = sp.start + sp.count
+        advance(spans)
         return out
 
     def run_window(self, x: Any, spans: Sequence[Span]) -> Any:

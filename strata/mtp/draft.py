@@ -20,7 +20,7 @@ from strata.backend.base import Backend
 from strata.errors import StrataError
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
-from strata.model.transformer import BlockRunner, Span, Transformer, _expect, load_block
+from strata.model.transformer import BlockRunner, Span, Transformer, _expect, advance, load_block
 
 NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 
@@ -129,11 +129,6 @@ class DraftModel:
         x, y = self.runner.block(self.block, 0, x, None, spans, b.begin_window(spans))
         return x + y
 
-    @staticmethod
-    def _advance(spans: list[Span]) -> None:
-        for sp in spans:
-            sp.cache.length = sp.start + sp.count
-
     def _run(self, items: list[tuple[KVCache, Any, Any]]) -> Any:
         """One draft forward over several slots: items are (cache, tokens (m,), main hiddens (m, E)).
 
@@ -141,7 +136,7 @@ class DraftModel:
         """
         tokens, hidden, spans = self._prepare(items)
         out = self._block_out(tokens, hidden, spans)
-        self._advance(spans)
+        advance(spans)
         return out
 
     def step(self, cache: KVCache, tokens: Any, hidden: Any):
@@ -180,7 +175,7 @@ class DraftModel:
             outs = graphs.run_fn(("draft", id(self), full), window, inputs, spans, borrow=(True, True, True))
         else:
             outs = self.last_rows(tokens, hidden, b.xp.asarray(ends), spans, full)
-        self._advance(spans)
+        advance(spans)
         if full:
             return outs[0], b.to_host(outs[1])
         return outs[0], (b.to_host(outs[1]), b.to_host(outs[2]))

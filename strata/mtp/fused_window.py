@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from strata.model.transformer import advance, reserve
+
 
 def forward_with_next_drafts(model: Any, draft: Any, tokens: np.ndarray, spans: Sequence[Any],
                              logit_rows: Sequence[int], draft_rows: Sequence[int],
@@ -35,10 +37,7 @@ def forward_with_next_drafts(model: Any, draft: Any, tokens: np.ndarray, spans: 
     Returns the window's hidden states (device), the argmax of every logit row, and the
     draft's argmax and top probability for every draft row (host)."""
     b = model.b
-    for sp in list(spans) + list(draft_spans):
-        if sp.start != sp.cache.length:
-            raise RuntimeError(f"span starts at {sp.start} but its cache holds {sp.cache.length}")
-        sp.cache.ensure(sp.start + sp.count)
+    reserve(list(spans) + list(draft_spans))
     rows = np.asarray(logit_rows, np.int64)
     drows = np.asarray(draft_rows, np.int64)
     pick = np.searchsorted(rows, drows)  # each draft row's place among the logit rows
@@ -65,6 +64,5 @@ def forward_with_next_drafts(model: Any, draft: Any, tokens: np.ndarray, spans: 
                                            borrow=(False, True, True, True), more=[list(draft_spans)])
     else:
         h, ids, dids, dtop = window({k: b.asarray(v) for k, v in inputs.items()})
-    for sp in list(spans) + list(draft_spans):
-        sp.cache.length = sp.start + sp.count
+    advance(list(spans) + list(draft_spans))
     return h, np.asarray(b.to_host(ids)), np.asarray(b.to_host(dids)), np.asarray(b.to_host(dtop))

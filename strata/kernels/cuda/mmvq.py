@@ -172,12 +172,17 @@ def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1, resident
 
 
 @functools.cache
-def _pair_function(id1: int, id2: int):
-    """mmvq_ids_pair<id1, id2>, compiled on first use (one module per type pair)."""
-    name = f"mmvq_ids_pair<{id1}, {id2}>"
+def _named_function(name: str):
+    """One kernel instance compiled on first use in a module of its own (kernels that only
+    some packs or windows need stay out of the per-type modules)."""
     mod = _cp().RawModule(code=_source(), options=_OPTIONS, name_expressions=[name])
     mod.compile()
     return mod.get_function(name)
+
+
+def _pair_function(id1: int, id2: int):
+    """mmvq_ids_pair<id1, id2>: gate and up experts of two types in one launch."""
+    return _named_function(f"mmvq_ids_pair<{id1}, {id2}>")
 
 
 def _weights(type_id: int, w_dev, k: int):
@@ -369,13 +374,9 @@ def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
     return ExpertPlan(order, tiles, ends[-1:].astype(cp.int32), max_tiles, pairs, n_used, n_expert)
 
 
-@functools.cache
 def _grouped_function(type_id: int):
-    """mmvq_grouped<type_id>, compiled on first use (prefill only: kept out of the type module)."""
-    name = f"mmvq_grouped<{type_id}>"
-    mod = _cp().RawModule(code=_source(), options=_OPTIONS, name_expressions=[name])
-    mod.compile()
-    return mod.get_function(name)
+    """mmvq_grouped<type_id>: experts grouped by expert (prefill only)."""
+    return _named_function(f"mmvq_grouped<{type_id}>")
 
 
 def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, per_pair: bool = False):

@@ -435,6 +435,19 @@ class StepPlan:
                 f"{self.budget_s:.0f} s training budget")
 
 
+def _after_step(cfg: TrainConfig, plan: StepPlan, step: int, stats: dict[str, float], run: dict[str, float],
+                t_train: float, log, held_out: Callable[[], list[float]]) -> None:
+    """Both trainers' bookkeeping after an optimizer step: running stats, the step budget,
+    progress every 10 steps, held-out acceptance every eval_every steps and at the end."""
+    for k, v in stats.items():
+        run[k] = 0.9 * run.get(k, v) + 0.1 * v
+    plan.after(step, time.perf_counter() - t_train, log)
+    if step % 10 == 0 or step == plan.total:
+        _progress(log, step, plan.total, run, t_train)
+    if step % cfg.eval_every == 0 or step == plan.total:
+        _acceptance_log(log, step, held_out())
+
+
 def _fit_torch(cfg: TrainConfig, dims, weights, embed, head, train_seqs, val_seqs, log):
     """AdamW + the cosine schedule with PyTorch autograd -> (role -> float32 weights, seconds)."""
     torch = _torch()
@@ -462,13 +475,7 @@ def _fit_torch(cfg: TrainConfig, dims, weights, embed, head, train_seqs, val_seq
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         sched.step()
-        for k, v in stats.items():
-            run[k] = 0.9 * run.get(k, v) + 0.1 * v
-        plan.after(step, time.perf_counter() - t_train, log)
-        if step % 10 == 0 or step == plan.total:
-            _progress(log, step, plan.total, run, t_train)
-        if step % cfg.eval_every == 0 or step == plan.total:
-            _acceptance_log(log, step, teacher_forced_acceptance(net, val_seqs))
+        _after_step(cfg, plan, step, stats, run, t_train, log, lambda: teacher_forced_acceptance(net, val_seqs))
     t_fit = time.perf_counter() - t_train
     return {k: v.detach().cpu().numpy() for k, v in net.p.items()}, t_fit, step
 
@@ -500,13 +507,7 @@ def _fit_xp(cfg: TrainConfig, xp, dims, weights, embed, head, train_seqs, val_se
         _, stats, grads = xp_net.batch_loss(net, batch, rng, passes=passes)
         xp_net.clip_grad_norm(grads, 1.0, xp)
         opt.step(grads, cfg.lr * xp_net.lr_factor(step - 1, plan.total, plan.warm))
-        for k, v in stats.items():
-            run[k] = 0.9 * run.get(k, v) + 0.1 * v
-        plan.after(step, time.perf_counter() - t_train, log)
-        if step % 10 == 0 or step == plan.total:
-            _progress(log, step, plan.total, run, t_train)
-        if step % cfg.eval_every == 0 or step == plan.total:
-            _acceptance_log(log, step, xp_acceptance(net, val_seqs))
+        _after_step(cfg, plan, step, stats, run, t_train, log, lambda: xp_acceptance(net, val_seqs))
     t_fit = time.perf_counter() - t_train
     return net.host_weights(), t_fit, step
 
