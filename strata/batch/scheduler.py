@@ -253,20 +253,7 @@ class Scheduler:
                 rows.append(off + len(e.tokens) - 1)
             off += len(e.tokens)
         b = self.model.b
-        # fused drafting: the slots whose draft is caught up to their pending token make their
-        # next draft inside this window; {slot index: (first draft row, draft span start)}
-        fuse_at: dict[int, tuple[int, int]] = {}
-        draft_rows: list[int] = []
-        draft_spans: list[Span] = []
-        off = 0
-        for e in entries:
-            s = e.slot
-            if (e.kind == "decode" and s.index in fused and s.mtp_failed is None and s.draft_cache is not None
-                    and s.draft_cache.length == s.cache.length and not s.hidden_pending and not s.tokens_pending):
-                fuse_at[s.index] = (len(draft_rows), s.draft_cache.length)
-                draft_rows.extend(range(off, off + len(e.tokens)))
-                draft_spans.append(Span(s.draft_cache, s.draft_cache.length, len(e.tokens)))
-            off += len(e.tokens)
+        fuse_at, draft_rows, draft_spans = self._fused_rows(entries, fused)
         draft_out = None
         if draft_rows:
             try:
@@ -365,6 +352,25 @@ class Scheduler:
         if not all(is_greedy(s.handle.request.params) and not s.handle.request.params.logprobs for s in busy):
             return []
         return [s for s in decoding if self._mtp_allowed(s, len(busy))[0]]
+
+    @staticmethod
+    def _fused_rows(entries: list[_Entry], fused: set[int]) -> tuple[dict[int, tuple[int, int]], list[int], list[Span]]:
+        """The window rows that make draft entries: those of fused slots whose draft is caught
+        up to their pending token. -> ({slot index: (first draft row, draft span start)},
+        window rows, draft spans)."""
+        fuse_at: dict[int, tuple[int, int]] = {}
+        rows: list[int] = []
+        spans: list[Span] = []
+        off = 0
+        for e in entries:
+            s = e.slot
+            if (e.kind == "decode" and s.index in fused and s.mtp_failed is None and s.draft_cache is not None
+                    and s.draft_cache.length == s.cache.length and not s.hidden_pending and not s.tokens_pending):
+                fuse_at[s.index] = (len(rows), s.draft_cache.length)
+                rows.extend(range(off, off + len(e.tokens)))
+                spans.append(Span(s.draft_cache, s.draft_cache.length, len(e.tokens)))
+            off += len(e.tokens)
+        return fuse_at, rows, spans
 
     def _stored_proposal(self, s: Slot) -> tuple[list[int], list[Any]]:
         """The draft the last window made for this one, within the request's room and --spec-min-p."""
