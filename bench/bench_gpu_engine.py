@@ -10,7 +10,8 @@ after a warm-up run (which also captures the CUDA graphs of each window shape). 
 graphs (default: CUDA graphs of decode windows), mmvqprefill (graphs, but long prompts' rows
 through MMVQ instead of dequant + GEMM), tile64 / tile128 / tile256 (graphs, GEMM row tiles of 64 / 128 /
 256 rows), ungrouped (graphs, but MoE prefill runs one
-weight pass per (token, expert) pair instead of grouping pairs by expert), headblocks (graphs,
+weight pass per (token, expert) pair instead of grouping pairs by expert), nosplit (graphs, but
+a small matrix's columns looped by one warp instead of a grid row per column), headblocks (graphs,
 but attention one block per query head in every window), gqadecode (graphs, one attention block
 per KV group's heads in decode windows too), eager (STRATA_CUDA_GRAPHS=0: the same fused
 kernels launched one by one), generic (STRATA_CUDA_FUSED=0), hostsample (graphs, but sampled rows
@@ -39,13 +40,15 @@ from strata.engine.options import parse_engine_args  # noqa: E402
 from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
 GRAPHS = {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "1", "STRATA_CUDA_ATT_GQA_MIN": "16",
-          "STRATA_CUDA_PREFILL": "1", "STRATA_CUDA_PROMPT_TILE": str(PROMPT_GEMM_ROWS)}
+          "STRATA_CUDA_PREFILL": "1", "STRATA_CUDA_PROMPT_TILE": str(PROMPT_GEMM_ROWS),
+          "STRATA_CUDA_SPLIT_COLUMNS": "1"}
 MODES = {"graphs": GRAPHS,
          "mmvqprefill": {**GRAPHS, "STRATA_CUDA_PREFILL": "0"},
          "tile64": {**GRAPHS, "STRATA_CUDA_PROMPT_TILE": "64"},
          "tile128": {**GRAPHS, "STRATA_CUDA_PROMPT_TILE": "128"},
          "tile256": {**GRAPHS, "STRATA_CUDA_PROMPT_TILE": "256"},
          "ungrouped": {**GRAPHS, "STRATA_CUDA_GROUPED": "0"},
+         "nosplit": {**GRAPHS, "STRATA_CUDA_SPLIT_COLUMNS": "0"},
          "headblocks": {**GRAPHS, "STRATA_CUDA_ATT_GQA_MIN": str(1 << 30)},
          "gqadecode": {**GRAPHS, "STRATA_CUDA_ATT_GQA_MIN": "1"},
          "hostsample": {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1"},

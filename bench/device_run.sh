@@ -8,7 +8,52 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
-s5a)  # (next session) fused drafting on the GPU: its window tests, then MTP with and without it on the test model
+s5e)  # small matrices' columns in parallel (mmvq.split_columns): every kernel, sampling, backend and window test; window kernel profiles
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_sample.py tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
+  for w in 1 2 4 8; do python3 bench/gpu_kernel_profile.py --pack /tmp/smollm --width $w --context 100; done > $OUT/kprof.log 2>&1
+  grep -E "^pack|sum of|as one graph|mmvq" $OUT/kprof.log
+  ;;
+s5f)  # the test model: decode B=1..8 with and without split columns; MTP and batch-MTP (fused) at --spec 1
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs,nosplit --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+      | tee $OUT/engine.log | grep -E "^\||equal"
+  for f in 1; do
+    STRATA_MTP_FUSED=$f python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 --specs 1 \
+        --batch-configs 1:0.0 2>&1 | grep -E "\| all \||^1 slot|^\| [24] |greedy outputs" | sed "s/^/[fused=$f] /"
+  done | tee $OUT/fused.log
+  ;;
+s5d)  # argmax and top probability in one kernel: sampling and window tests, window GPU times, MTP with and without fusion
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 -m pytest -q tests/test_cuda_sample.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for f in 0 1; do
+    echo "[fused=$f]"; STRATA_MTP_FUSED=$f python3 bench/mtp_window_gpu_time.py --pack /tmp/tm.gguf --parallel 1
+  done 2>&1 | tee $OUT/wintime.log | grep -vE "^strata|^\[strata"
+  for f in 0 1; do
+    STRATA_MTP_FUSED=$f python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 --specs 1 \
+        --batch-configs 1:0.0 2>&1 | grep -E "\| all \||^1 slot|^\| [24] |greedy outputs" | sed "s/^/[fused=$f] /"
+  done | tee $OUT/fused.log
+  ;;
+s5c)  # GPU time of each window graph in a real MTP run, fused and not, at 1 and 2 slots
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  for f in 0 1; do for n in 1 2; do
+    echo "[fused=$f]"; STRATA_MTP_FUSED=$f python3 bench/mtp_window_gpu_time.py --pack /tmp/tm.gguf --parallel $n
+  done; done 2>&1 | tee $OUT/wintime.log | grep -vE "^strata|^\[strata"
+  ;;
+s5b)  # where a fused MTP window's time goes: host profile at 1 and 2 slots; GPU time of 1- and 2-row windows
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  for n in 1 2; do
+    STRATA_MTP_FUSED=1 python3 bench/mtp_host_profile.py --pack /tmp/tm.gguf --spec 1 --parallel $n --top 30 > $OUT/hostprof$n.log 2>&1
+    grep -E "^== " $OUT/hostprof$n.log
+  done
+  for w in 1 2 4; do python3 bench/gpu_kernel_profile.py --pack /tmp/tm.gguf --width $w --context 100; done > $OUT/kprof.log 2>&1
+  grep -E "^pack|sum of|as one graph" $OUT/kprof.log
+  ;;
+s5a)  # fused drafting on the GPU: its window tests, then MTP with and without it on the test model
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 -m pytest -q tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

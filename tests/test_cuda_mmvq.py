@@ -68,19 +68,35 @@ def test_quantize_matches_numpy_bit_exact():
 
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)
 def test_mmvq_matches_mirror(type_id):
+    """Each column count through the many-column kernel (split=False) and, for this small
+    matrix, a grid row per column (split=True): both against the mirror, and bit for bit the
+    same as each other."""
     failures = []
     for ncols in NCOLS:
         rng = _rng(type_id, ncols)
         w = random_blocks(type_id, ROWS, K, rng)
         x = _x(rng, ncols, K)
         ref = mmvq_numpy.mmvq(type_id, w, x)
-        out = cp.full((ncols, ROWS), cp.nan, dtype=cp.float32)
-        gpu.mmvq(type_id, cp.asarray(w), ROWS, K, cp.asarray(x), out=out)
-        got = cp.asnumpy(out)
-        rel = _rel(got, ref) if np.isfinite(got).all() else float("inf")
-        if not rel < REL_BOUND:
-            failures.append(f"ncols={ncols}: rel error {rel:.3g}")
+        got = {}
+        for split in (False, True):
+            out = cp.full((ncols, ROWS), cp.nan, dtype=cp.float32)
+            gpu.mmvq(type_id, cp.asarray(w), ROWS, K, cp.asarray(x), out=out, split=split)
+            got[split] = cp.asnumpy(out)
+            rel = _rel(got[split], ref) if np.isfinite(got[split]).all() else float("inf")
+            if not rel < REL_BOUND:
+                failures.append(f"ncols={ncols} split={split}: rel error {rel:.3g}")
+        if not np.array_equal(got[False], got[True], equal_nan=True):
+            failures.append(f"ncols={ncols}: split columns differ from the many-column kernel")
     assert not failures, f"{type_by_id(type_id).name} (seed {SEED}): " + "; ".join(failures)
+
+
+def test_split_columns_only_for_matrices_that_leave_the_device_idle():
+    q4k = 12
+    assert gpu.split_columns(q4k, 576, 1) is None  # one column: nothing to split
+    name, rpw, bx = gpu.split_columns(q4k, 576, 8)  # the test model's 576 rows: 36 blocks
+    assert name == f"mmvq<{q4k}, 1>" and bx * rpw * gpu.WARPS >= 576
+    assert gpu.split_columns(q4k, 14336, 2) is None  # already a full wave of warps
+    assert gpu.split_columns(0, 576, 4) is None  # float weights: another kernel
 
 
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)

@@ -93,3 +93,37 @@ def test_seeded_generation_same_with_device_sampling(tmp_path):
     on_host = [r[0] for r in run_all(core, prompts, params, threaded=False)]
     assert on_device == on_host
     assert all(len(t) == 24 for t in on_device)
+
+
+@pytest.mark.parametrize("V", [49152, 1003, 7])
+@pytest.mark.parametrize("n", [1, 2, 17])
+def test_top_rows_first_argmax_and_top_probability(V, n):
+    """top_rows: numpy's argmax (the first of tied maxima) and 1 / sum(exp(z - max)) in float64
+    to float32 rounding, on rows with ties, -inf entries and a repeated maximum."""
+    rng = np.random.default_rng([SEED, V, n, 7])
+    x = _logits(rng, n, V, ties=True)
+    x[0, rng.integers(0, V, size=max(1, V // 50))] = -np.inf
+    if V > 3:
+        x[n - 1, [V - 1, V // 2, 1]] = x[n - 1].max() + 1.0  # three equal maxima: the first (1) wins
+    d = cp.asarray(x)
+    ids, top = sample.top_rows(d)
+    got_ids, got_top = cp.asnumpy(ids), cp.asnumpy(top)
+    x64 = x.astype(np.float64)
+    want_top = 1.0 / np.exp(x64 - x64.max(axis=1, keepdims=True)).sum(axis=1)
+    np.testing.assert_array_equal(got_ids, np.argmax(x, axis=1))
+    np.testing.assert_allclose(got_top, want_top, rtol=2e-5)
+    if V > 3:
+        assert got_ids[n - 1] == 1
+
+
+def test_backend_argmax_and_top_rows_use_the_kernel():
+    from strata.backend.cuda import CudaBackend
+
+    b = CudaBackend(fused=True)
+    rng = np.random.default_rng([SEED, 11])
+    x = cp.asarray(rng.standard_normal((3, 5000)).astype(np.float32))
+    np.testing.assert_array_equal(cp.asnumpy(b.argmax_rows(x)), np.argmax(cp.asnumpy(x), axis=1))
+    ids, top = b.top_rows(x)
+    h = cp.asnumpy(x).astype(np.float64)
+    np.testing.assert_allclose(cp.asnumpy(top), 1.0 / np.exp(h - h.max(axis=1, keepdims=True)).sum(axis=1), rtol=2e-5)
+    assert ids.dtype == cp.int64 and top.dtype == cp.float32

@@ -41,6 +41,7 @@ GROUPED_ENV = "STRATA_CUDA_GROUPED"
 GQA_ENV = "STRATA_CUDA_ATT_GQA_MIN"
 PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
 PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
+SPLIT_ENV = "STRATA_CUDA_SPLIT_COLUMNS"  # small matrices' columns in parallel (mmvq.split_columns)
 
 MAX_SPLITS = 64  # attention key splits per (head, token)
 ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
@@ -163,6 +164,7 @@ class CudaBackend(Backend):
         self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
         self._win_n = 0
         self.grouped = self.fused and grouped_enabled()
+        self.split_columns = os.environ.get(SPLIT_ENV, "1") != "0"
         self.gqa_min_tokens = env_int(GQA_ENV, GQA_MIN_TOKENS, 1)  # benchmarks compare
         self.gqa_min_heads = GQA_MIN_HEADS
         self._win = None  # the current window's table on the device (fused path)
@@ -316,20 +318,27 @@ class CudaBackend(Backend):
             out[...] = r
             return out
         if p.type_id in mm.FLOAT_TYPES:
-            return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, x, out=out)
+            return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, x, out=out)  # (float: no split)
         if self._prompt_rows and n == self._win_n and p.rows * p.k >= self.prompt_gemm_min_weight:
             return self._run_prompt_rows(p, x, q8, out)
         if not 0 < n <= mm.MAX_COLS:
             # several launches: the wrapper splits the columns
-            return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, q8 if q8 is not None else x, out=out)
+            return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, q8 if q8 is not None else x, out=out,
+                           split=self.split_columns)
         launch = p.launches.get(n)
         if launch is None:
             # the launch mmvq.mmvq makes for n columns, with everything but the activations
             # and the output worked out once
-            name = f"mmvq<{p.type_id}, {n}>"
-            rpw = mm._rows_per_warp(p.type_id, name, p.rows)
+            split = mm.split_columns(p.type_id, p.rows, n) if self.split_columns else None
+            if split is not None:  # a small matrix: a grid row per column
+                name, rpw, bx = split
+                grid = (bx, n)
+            else:
+                name = f"mmvq<{p.type_id}, {n}>"
+                rpw = mm._rows_per_warp(p.type_id, name, p.rows)
+                grid = (-(-p.rows // (rpw * mm.WARPS)),)
             row_bytes = type_by_id(p.type_id).row_bytes(p.k)
-            launch = (mm._function(p.type_id, name), (-(-p.rows // (rpw * mm.WARPS)),),
+            launch = (mm._function(p.type_id, name), grid,
                       (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(rpw)))
             p.launches[n] = launch
         fn, grid, lead = launch
@@ -353,7 +362,7 @@ class CudaBackend(Backend):
         for r0, r1 in self._prompt_rows + [(n, n)]:
             if a < r0:  # the rows before this prompt's: MMVQ on their Q8_1 blocks
                 part = mm.Q8Buffer(q8.q[a:r0], q8.meta[a:r0], q8.s[a:r0], r0 - a, q8.k)
-                mm.mmvq(p.type_id, p.blocks, p.rows, p.k, part, out=res[a:r0])
+                mm.mmvq(p.type_id, p.blocks, p.rows, p.k, part, out=res[a:r0], split=self.split_columns)
             if r0 < r1:
                 self._prefill_path().linear(p.type_id, p.blocks, p.rows, p.k, x[r0:r1], out=res[r0:r1],
                                             tile_m=self.prompt_gemm_rows)
@@ -519,6 +528,22 @@ class CudaBackend(Backend):
         from strata.kernels.cuda import sample
 
         return sample.sample_rows(self.xp.ascontiguousarray(logits, dtype=self.xp.float32), params)
+
+    def _top(self, x: Any) -> tuple[Any, Any] | None:
+        """(argmax, top probability) per row by one kernel (kernels/cuda/sample.cu top_rows)."""
+        if not self.fused or x.ndim != 2 or x.dtype != self.xp.float32:
+            return None
+        from strata.kernels.cuda import sample
+
+        return sample.top_rows(x)
+
+    def argmax_rows(self, x: Any) -> Any:
+        top = self._top(x)
+        return top[0] if top is not None else super().argmax_rows(x)
+
+    def top_rows(self, logits: Any) -> tuple[Any, Any]:
+        top = self._top(logits)
+        return top if top is not None else super().top_rows(logits)
 
     def linear_experts_pair(self, w1: CudaExperts, w2: CudaExperts, x: Any, expert_ids: Any) -> tuple[Any, Any]:
         mm = self._mmvq

@@ -208,11 +208,39 @@ def _columns(x_dev):
     return cp.ascontiguousarray(x)
 
 
-def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer | None = None):
+def split_columns(type_id: int, rows: int, ncols: int) -> tuple[str, int, int] | None:
+    """The 1-column kernel, its rows per warp and its blocks per column, where `ncols` columns
+    of a small matrix should run as one launch with a grid row per column; else None.
+
+    A small matrix (the test model's 576 rows make 36 thread blocks) leaves most SMs idle, and
+    the launch takes its latency: one warp looping over 4 or 8 columns takes ~1.5x / 2x as long
+    as over one. With a grid row per column every column runs at once, each block reading the
+    (L2-resident) rows again. Taken while all the columns' warps fit on the device in one wave;
+    a larger matrix keeps the many-column kernel (each weight byte read once). Measured on the H200 (bench/gpu_kernel_profile.py, Q4_1, 576 columns in): 36 and 60
+    blocks per column gain (4 columns 3.24 -> 2.41 us, 2.72 -> 2.20), 192 lose a little (3.09 ->
+    3.26): so a column's blocks must cover at most half the SMs. A column's sum is the same
+    either way (stream_rows adds columns independently), so the choice never changes a
+    result's bits."""
+    if ncols < 2 or type_id in FLOAT_TYPES:
+        return None
+    name = f"mmvq<{type_id}, 1>"
+    rpw = _rows_per_warp(type_id, name, rows)
+    bx = -(-rows // (rpw * WARPS))
+    fits = 2 * bx <= _sm_count() and bx * ncols * WARPS <= _resident_warps(type_id, name)
+    return (name, rpw, bx) if fits else None
+
+
+@functools.cache
+def _sm_count() -> int:
+    return int(_cp().cuda.Device().attributes["MultiProcessorCount"])
+
+
+def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer | None = None, split: bool = True):
     """W (rows, k) of GGML type `type_id` times x (ncols, k) -> float32 (ncols, rows).
 
     x_dev: float32 columns (quantized here) or a Q8Buffer already quantized. More than
     MAX_COLS columns run as several launches. `out` (ncols, rows) float32 may be given.
+    split: a small matrix's columns may run in parallel (split_columns; same bits either way).
     """
     cp = _cp()
     t, w = _weights(type_id, w_dev, k)
@@ -231,9 +259,13 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
         act = x if t.id in FLOAT_TYPES else quantize_q8_1(x, q8)
     if out is None:
         out = cp.empty((ncols, rows), dtype=cp.float32)
-    # whole groups of MAX_COLS columns in one launch (grid y), the rest in another
+    # whole groups of MAX_COLS columns in one launch (grid y), the rest in another; or every
+    # column a group of one (a small matrix)
     full, rest = divmod(ncols, MAX_COLS)
-    for c0, nc, groups in ((0, MAX_COLS, full), (full * MAX_COLS, rest, 1)):
+    plan = ((0, MAX_COLS, full), (full * MAX_COLS, rest, 1))
+    if split and t.id not in FLOAT_TYPES and split_columns(t.id, rows, ncols) is not None:
+        plan = ((0, 1, ncols),)
+    for c0, nc, groups in plan:
         if not nc or not groups:
             continue
         if t.id in FLOAT_TYPES:

@@ -261,3 +261,80 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
     __syncthreads();
     if (threadIdx.x == 0) out[row] = s_cut_index >= 0 ? s_cut_index : imax;  // rounding past the end: the argmax
 }
+
+// Per row: the first index of the largest logit (np.argmax; NaN ignored, as row_argmax) and its
+// softmax probability 1 / sum(exp(z - max)): the greedy token and the draft's confidence, for a
+// few bytes to the host. CuPy's argmax/max/sum reductions take ~60 us each on a (2, 49152) row
+// pair (one small block per row, long serial loops); this is one launch of one 1024-thread
+// block per row. Each thread walks float4s strided by the block (coalesced) in ascending order,
+// keeping its largest value (the first on ties) and a running sum of exp(z - its max), rescaled
+// when the max grows; the block merges the (max, index, sum) triples.
+struct TopAcc {
+    float m, s;
+    int i;
+};
+
+__device__ __forceinline__ void top_take(TopAcc& a, float v, int i) {
+    if (v > a.m) {
+        a.s = (a.m == NEG_INF_F ? 0.0f : a.s * expf(a.m - v)) + 1.0f;
+        a.m = v;
+        a.i = i;
+    } else if (v != NEG_INF_F) {
+        a.s += expf(v - a.m);  // v == m adds 1; NaN makes the sum NaN (the argmax ignores it)
+    }
+}
+
+__device__ __forceinline__ TopAcc top_merge(TopAcc a, TopAcc b) {
+    const float m = fmaxf(a.m, b.m);
+    TopAcc r;
+    r.m = m;
+    r.s = (a.m == NEG_INF_F ? 0.0f : a.s * expf(a.m - m)) + (b.m == NEG_INF_F ? 0.0f : b.s * expf(b.m - m));
+    r.i = (b.m > a.m || (b.m == a.m && b.i < a.i)) ? b.i : a.i;
+    return r;
+}
+
+__device__ __forceinline__ TopAcc top_shfl(TopAcc a) {
+    for (int o = 16; o > 0; o >>= 1) {
+        TopAcc b;
+        b.m = __shfl_xor_sync(0xffffffffu, a.m, o);
+        b.s = __shfl_xor_sync(0xffffffffu, a.s, o);
+        b.i = __shfl_xor_sync(0xffffffffu, a.i, o);
+        a = top_merge(a, b);
+    }
+    return a;
+}
+
+// vec4: V % 4 == 0 and rows 16-byte aligned (the caller checks)
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_rows(const float* __restrict__ logits, int V, int vec4,
+                                                                     long long* __restrict__ ids,
+                                                                     float* __restrict__ top) {
+    __shared__ TopAcc scr[32];
+    const float* l = logits + (size_t)blockIdx.x * V;
+    TopAcc a = {NEG_INF_F, 0.0f, 0x7fffffff};
+    if (vec4) {
+        const float4* l4 = reinterpret_cast<const float4*>(l);
+#pragma unroll 4
+        for (int j = threadIdx.x; j < (V >> 2); j += blockDim.x) {
+            const float4 v = __ldg(l4 + j);
+            top_take(a, v.x, 4 * j);
+            top_take(a, v.y, 4 * j + 1);
+            top_take(a, v.z, 4 * j + 2);
+            top_take(a, v.w, 4 * j + 3);
+        }
+    } else {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) top_take(a, __ldg(l + j), j);
+    }
+    a = top_shfl(a);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scr[warp] = a;
+    __syncthreads();
+    if (warp == 0) {
+        TopAcc b = {NEG_INF_F, 0.0f, 0x7fffffff};
+        a = lane < (int)(blockDim.x >> 5) ? scr[lane] : b;
+        a = top_shfl(a);
+        if (lane == 0) {
+            ids[blockIdx.x] = a.i == 0x7fffffff ? 0 : a.i;  // a row of NaN / -inf only: 0, as numpy
+            top[blockIdx.x] = 1.0f / a.s;
+        }
+    }
+}

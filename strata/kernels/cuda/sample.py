@@ -6,6 +6,10 @@ to the host instead of a row of floats (and no host code walks the vocabulary).
         logits (n, V) float32 on the device; params (n, 5) float64 on the host, one
         strata.sampling.sampler_row per row: temperature, top_k, top_p, min_p, u (greedy rows:
         temperature 0 -> argmax)
+    top_rows(logits) -> (int64 ids (n,), float32 top probabilities (n,)) on the device
+        each row's first argmax and its softmax probability 1 / sum(exp(z - max)): greedy
+        tokens and a draft's confidence in one launch (CuPy's reductions are slow on a few
+        long rows)
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ THREADS = 1024  # sample.cu SAMPLE_THREADS
 
 
 @functools.cache
-def _kernel():
+def _kernel(name: str = "sample_rows"):
+    return _module().get_function(name)
+
+
+@functools.cache
+def _module():
     import cupy as cp
 
     src = Path(__file__).with_name("sample.cu").read_text()
-    return cp.RawModule(code=src, options=("-std=c++17",)).get_function("sample_rows")
+    return cp.RawModule(code=src, options=("-std=c++17",))
 
 
 def sample_rows(logits, params: np.ndarray):
@@ -37,3 +46,18 @@ def sample_rows(logits, params: np.ndarray):
     if n:
         _kernel()((n,), (THREADS,), (logits, np.int32(V), cp.asarray(np.ascontiguousarray(params, np.float64)), out))
     return out
+
+
+def top_rows(logits):
+    import cupy as cp
+
+    if logits.dtype != cp.float32 or logits.ndim != 2:
+        raise ValueError("top_rows: float32 (n, V) logits")
+    logits = cp.ascontiguousarray(logits)
+    n, V = (int(s) for s in logits.shape)
+    ids = cp.empty(n, dtype=cp.int64)
+    top = cp.empty(n, dtype=cp.float32)
+    if n and V:
+        vec4 = V % 4 == 0 and logits.data.ptr % 16 == 0
+        _kernel("top_rows")((n,), (THREADS,), (logits, np.int32(V), np.int32(vec4), ids, top))
+    return ids, top
