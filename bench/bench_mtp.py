@@ -1,6 +1,6 @@
 """MTP with a trained draft: acceptance, tokens per window, speed, losslessness.
 
-    python bench/bench_mtp.py [--pack P] [--draft D] [--max-tokens 48] [--per-kind 3] [--quick]
+    python bench/bench_mtp.py [--pack P] [--draft D] [--max-tokens 48] [--per-kind 3] [--repeats 3] [--quick]
 
 Prompts are the held-out set of strata.mtp.train.prompts (never trained on), several kinds
 (chat, code, lists, prose). Everything runs through the real engine (EngineCore, greedy):
@@ -9,12 +9,13 @@ Prompts are the held-out set of strata.mtp.train.prompts (never trained on), sev
 2. tokens/s at 1 slot: MTP against plain decoding (--device cpu or cuda);
 3. tokens/s with batch-MTP against plain batching at 2 and 4 slots;
 4. losslessness: every greedy output equals plain decoding, prompt by prompt.
-Speeds on a shared 2-core machine are noisy; each cell is one run.
+Speeds on shared machines are noisy: each time is the median of --repeats runs (default 3).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,8 @@ def main() -> int:
                          '(--spec:--spec-min-p; default: the best 1-slot setting)')
     ap.add_argument("--only-batch", action="store_true", help="skip the 1-slot table (plain 1-slot run only)")
     ap.add_argument("--specs", default="", help='--spec values of the 1-slot table, e.g. "1,3" (default 1..4)')
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs of every measurement; tok/s from the median time (shared, noisy machines)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="time the first pass (on cuda it then includes capturing every window shape's graph)")
     a = ap.parse_args()
@@ -82,13 +85,19 @@ def main() -> int:
         if a.device == "cuda" and not a.no_warmup:
             run_prompts(core, prompts, a.max_tokens, concurrent=concurrent)
 
+    def timed(core, prompts, concurrent=1):
+        """run_prompts --repeats times: the first run's result with the median time."""
+        runs = [run_prompts(core, prompts, a.max_tokens, concurrent=concurrent) for _ in range(max(1, a.repeats))]
+        runs[0].seconds = statistics.median(r.seconds for r in runs)
+        return runs[0]
+
     prompts = {k: [chat_ids(plain, t) for t in HELD_OUT[k][: a.per_kind]] for k in kinds}
     allp = [p for k in kinds for p in prompts[k]]
     print(f"draft {draft}; {len(allp)} held-out prompts ({a.per_kind} per kind: {', '.join(kinds)}), "
           f"{a.max_tokens} tokens each, greedy, {a.device}\n")
 
     warm(plain, allp)
-    base = {k: run_prompts(plain, prompts[k], a.max_tokens) for k in kinds}
+    base = {k: timed(plain, prompts[k]) for k in kinds}
     want = {k: base[k].outputs for k in kinds}
     plain_tps = sum(b.tokens for b in base.values()) / sum(b.seconds for b in base.values())
 
@@ -108,7 +117,7 @@ def main() -> int:
             tot_tok = tot_s = 0.0
             tot_win = tot_acc = 0
             for kind in kinds:
-                acc = run_prompts(core, prompts[kind], a.max_tokens)
+                acc = timed(core, prompts[kind])
                 mark, ok = verdict(plain, prompts[kind], want[kind], acc.outputs)
                 exact &= acc.outputs == want[kind]
                 lossless &= ok
@@ -137,11 +146,11 @@ def main() -> int:
     for n in (2, 4):
         pl = load_core(a.pack, None, 0, parallel=n, **dev)
         warm(pl, allp, n)
-        r0 = run_prompts(pl, allp, a.max_tokens, concurrent=n)
+        r0 = timed(pl, allp, n)
         for k_spec, mp in configs:
             mt = load_core(a.pack, str(draft), k_spec, min_p=mp, parallel=n, batch_mtp=True, **dev)
             warm(mt, allp, n)
-            r1 = run_prompts(mt, allp, a.max_tokens, concurrent=n)
+            r1 = timed(mt, allp, n)
             flat = [o for k in kinds for o in want[k]]
             m0, ok0 = verdict(plain, allp, flat, r0.outputs)
             m1, ok1 = verdict(plain, allp, flat, r1.outputs)

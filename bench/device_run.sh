@@ -8,6 +8,47 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s5k)  # final: every GPU test (window, backend, mmvq, prefill, sample); the test model's decode vs llama.cpp
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py \
+      tests/test_cuda_sample.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs,nosplit --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+      | tee $OUT/engine.log | grep -E "^\||equal"
+  ;;
+s5l)  # final: bench_mtp, every --spec and min-p at 1 slot, batch-MTP settings at 2 and 4 slots (median of 3 runs each)
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 --repeats 3 \
+      --batch-configs 1:0.0,1:0.5,2:0.5 > $OUT/mtp.log 2>&1
+  grep -E "\| all \||^1 slot|^\| [24] |greedy outputs|took" $OUT/mtp.log
+  ;;
+s5j)  # GPU time per window graph at 4 slots, plain vs batch-MTP (separate draft step, fused)
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  for f in 0 1; do
+    echo "[fused=$f]"; STRATA_MTP_FUSED=$f python3 bench/mtp_window_gpu_time.py --pack /tmp/tm.gguf --parallel 4
+  done 2>&1 | tee $OUT/wintime4.log | grep -vE "^strata|^\[strata"
+  ;;
+s5i)  # MTP --spec 1 at 1/2/4 slots, separate draft step vs fused (the default), median of 5 runs each
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  for f in 0 1; do
+    STRATA_MTP_FUSED=$f python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 --specs 1 --repeats 5 \
+        --batch-configs 1:0.0 2>&1 | tee $OUT/mtp$f.log | grep -E "\| all \||^1 slot|^\| [24] |greedy outputs|took" | sed "s/^/[fused=$f] /"
+  done
+  ;;
+s5h)  # graph inputs in one copy; fused drafting by default: window/backend/sample tests; engine decode; MTP at 1/2/4 slots
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_sample.py > $OUT/tests.log 2>&1
+  tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+      | tee $OUT/engine.log | grep -E "^\||equal"
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 3 --specs 1 --batch-configs 1:0.0 2>&1 \
+      | tee $OUT/mtp.log | grep -E "\| all \||^1 slot|^\| [24] |greedy outputs"
+  ;;
+s5g)  # host profile of plain batching vs batch-MTP (fused, the default now) at 4 slots
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/mtp_host_profile.py --pack /tmp/tm.gguf --spec 1 --parallel 4 --top 45 > $OUT/hostprof4.log 2>&1
+  grep -E "^== " $OUT/hostprof4.log
+  ;;
 s5e)  # small matrices' columns in parallel (mmvq.split_columns): every kernel, sampling, backend and window test; window kernel profiles
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_sample.py tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1

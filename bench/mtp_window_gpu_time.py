@@ -3,9 +3,10 @@
   python bench/mtp_window_gpu_time.py --pack P [--draft D] [--parallel N]
 
 Runs the held-out prompts once to capture the graphs, then again with CUDA events around every
-WindowGraphs.run_fn call (host code included between the two events is not GPU time: the
-events sit on the graph stream right before and after the replay). Prints, per graph owner
-("model", "draft", "model+next-draft", ...), calls and mean GPU us per call; then the same
+WindowGraphs.run_fn call (they sit on the graph stream right before and after the replay) and
+host clocks around each scheduler step and its forward call. Prints, per graph owner ("model",
+"draft", "model+next-draft", ...), calls and mean GPU us per call, the wall time of steps and
+forward calls (the gap is the scheduler's own host work); then the same
 pieces of a fused window timed eagerly one by one (argmax, top_rows) on 2 rows.
 Set STRATA_MTP_FUSED=1 to see fused windows.
 """
@@ -15,10 +16,12 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import strata.batch.scheduler as scheduler_mod  # noqa: E402
 from strata.mtp.defaults import default_draft_path  # noqa: E402
 from strata.mtp.train.measure import chat_ids, load_core, run_prompts  # noqa: E402
 from strata.mtp.train.prompts import HELD_OUT  # noqa: E402
@@ -63,14 +66,35 @@ def main() -> int:
             stats[str(owner[0])].append(cp.cuda.get_elapsed_time(s, e) * 1e3)
             return out
 
+        # wall time of scheduler steps, and of their forward calls (launch to results on the host)
+        sched = core.scheduler
+        walls: dict[str, list[float]] = collections.defaultdict(list)
+
+        def clocked(key, fn):
+            def f(*args, **kw):
+                t = time.perf_counter()
+                try:
+                    return fn(*args, **kw)
+                finally:
+                    walls[key].append((time.perf_counter() - t) * 1e6)
+            return f
+
+        step, fwd, fused = sched.step, sched.model.forward, scheduler_mod.forward_with_next_drafts
+        sched.step = clocked("scheduler step", step)
+        sched.model.forward = clocked("model.forward", fwd)
+        scheduler_mod.forward_with_next_drafts = clocked("forward_with_next_drafts", fused)
         graphs.run_fn = run_fn
         r = run_prompts(core, prompts, a.max_tokens, concurrent=n)
         graphs.run_fn = orig
-        print(f"== {name}, {n} at a time: {r.tokens} tokens, {r.decode_windows} decode windows, {r.tokens / r.seconds:.0f} tok/s")
-        print("| graph | calls | GPU us per call (mean) | min |")
+        sched.step, sched.model.forward, scheduler_mod.forward_with_next_drafts = step, fwd, fused
+        print(f"== {name}, {n} at a time: {r.tokens} tokens, {r.decode_windows} decode windows, {r.tokens / r.seconds:.0f} tok/s, "
+              f"{r.seconds / max(1, len(walls['scheduler step'])) * 1e6:.0f} us wall per step")
+        print("| graph / call | calls | us per call (mean) | min |")
         print("|---|---:|---:|---:|")
         for k, v in stats.items():
-            print(f"| {k} | {len(v)} | {sum(v) / len(v):.1f} | {min(v):.1f} |")
+            print(f"| GPU: {k} | {len(v)} | {sum(v) / len(v):.1f} | {min(v):.1f} |")
+        for k, v in walls.items():
+            print(f"| wall: {k} | {len(v)} | {sum(v) / len(v):.1f} | {min(v):.1f} |")
     b = core.backend
     z = cp.random.standard_normal((2, core.model.n_vocab), dtype=cp.float32)
     print(f"eager on (2, {z.shape[1]}): argmax_rows {timed(cp, lambda: b.argmax_rows(z)):.1f} us, "

@@ -119,3 +119,17 @@ def test_a_failing_fused_window_runs_plain_and_keeps_serving(monkeypatch, plain)
     failed = [ln for ln in lines if "MTP fused_draft for slot 0 failed" in ln]
     assert len(failed) == 1 and "injected fault" in failed[0]
     assert core.scheduler.fallbacks["mtp_fused_draft_failed"] >= 1
+
+
+def test_fused_drafting_is_the_default_only_where_windows_replay_graphs(monkeypatch):
+    from types import SimpleNamespace
+
+    from strata.batch.scheduler import fused_drafts_default
+
+    cpu, cuda = SimpleNamespace(graphs=None), SimpleNamespace(graphs=object())
+    monkeypatch.delenv("STRATA_MTP_FUSED", raising=False)
+    assert not fused_drafts_default(cpu) and fused_drafts_default(cuda)
+    monkeypatch.setenv("STRATA_MTP_FUSED", "1")
+    assert fused_drafts_default(cpu)
+    monkeypatch.setenv("STRATA_MTP_FUSED", "0")
+    assert not fused_drafts_default(cuda)

@@ -54,10 +54,21 @@ class SchedulerConfig:
     spec: int = 0
     spec_min_p: float = 0.0
     batch_mtp: bool = False
-    fused_drafts: bool = False  # STRATA_MTP_FUSED=1: --spec 1 greedy windows draft the next one (fused_window.py)
+    fused_drafts: bool = False  # --spec 1 greedy windows draft the next one (fused_window.py)
 
 
 FUSED_DRAFTS_ENV = "STRATA_MTP_FUSED"
+
+
+def fused_drafts_default(backend: Any) -> bool:
+    """Fused drafting where the backend replays window graphs (CUDA: one graph and one host
+    wait per window instead of two; measured faster at 1, 2 and 4 slots, docs/notes/gpu-runs.md
+    S5-1..6), not on the CPU (the same speed at 1 slot, slower batch-MTP: the draft's head runs
+    for every row). STRATA_MTP_FUSED=1 / 0 forces it on / off."""
+    forced = os.environ.get(FUSED_DRAFTS_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return getattr(backend, "graphs", None) is not None
 
 
 @dataclass

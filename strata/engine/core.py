@@ -6,13 +6,12 @@ Front ends (the HTTP API, `strata generate`) talk to it through strata.engine.pr
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Callable
 
 from strata.backend.select import make_backend
-from strata.batch.scheduler import FUSED_DRAFTS_ENV, Scheduler, SchedulerConfig
+from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
 from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
 from strata.errors import StrataError
@@ -130,7 +129,7 @@ class EngineCore:
             SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
                             prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
                             spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
-                            fused_drafts=os.environ.get(FUSED_DRAFTS_ENV, "0") == "1"),
+                            fused_drafts=fused_drafts_default(backend)),
             proposer=proposer, slot_batch_mtp=slot_caps, log=log)
         return self
 
