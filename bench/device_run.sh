@@ -15,6 +15,7 @@ s5k)  # final: every GPU test (window, backend, mmvq, prefill, sample); the test
   tail -2 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs,nosplit --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee $OUT/engine.log | grep -E "^\||equal"
+  python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0 --cols 1,4,8 2>&1 | tee $OUT/mmvq.log | grep -vE "^strata"
   ;;
 s5l)  # final: bench_mtp, every --spec and min-p at 1 slot, batch-MTP settings at 2 and 4 slots (median of 3 runs each)
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf

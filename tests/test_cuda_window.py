@@ -297,7 +297,9 @@ def test_long_prompt_rows_are_batch_invariant(tmp_path, arch, monkeypatch):
     alone = _feed(model, [[(1, s1[:20])], [(1, s1[20:21])], [(1, s1[21:24])]])[1]
     assert np.array_equal(alone, chunked[1]), "short-prompt and decode rows changed beside a long prompt's"
     mmvq_rows = _feed(model, [[(0, p, False)]])[0]
-    assert rel(cp.asarray(whole), cp.asarray(mmvq_rows)) < 5e-2  # f16 vs Q8_1 activations, 2 layers
+    # f16 vs Q8_1 activations through 2 layers of random weights (a sanity bound: a wrong GEMM
+    # gives ~1); measured 0.03-0.052 on the qwen3moe pack, whose top-k routing amplifies rounding
+    assert rel(cp.asarray(whole), cp.asarray(mmvq_rows)) < 1e-1
 
 
 def test_head_rows_never_take_the_prompt_path(tmp_path, monkeypatch):

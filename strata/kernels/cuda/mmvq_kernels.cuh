@@ -89,9 +89,12 @@ __device__ __forceinline__ float chunk_dot(const Chunk& r, const int4& a, const 
         i0 += T::IOFF * s0;
         i1 += T::IOFF * s1;
     }
-    float f = r.sc[0] * (float)i0 + r.sc[1] * (float)i1;
-    if (T::MIN) f += r.mn[0] * (float)s0 + r.mn[1] * (float)s1;
-    return m.d * f;
+    // Every rounding step spelled out (no contraction left to the compiler): the instances for
+    // 1..8 columns would otherwise fuse multiply-adds differently (seen on Q2_K: 8 columns
+    // vs 1), and a row's bits must not depend on how many columns share its launch.
+    float f = __fmaf_rn(r.sc[1], (float)i1, __fmul_rn(r.sc[0], (float)i0));
+    if (T::MIN) f = __fmaf_rn(r.mn[1], (float)s1, __fmaf_rn(r.mn[0], (float)s0, f));
+    return __fmul_rn(m.d, f);
 }
 
 template <int NC>
@@ -187,7 +190,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                 }
                 const QMeta m = meta[(size_t)j * kb + gc];
 #pragma unroll
-                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] += chunk_dot<T>(ch[rr], a, b, m);
+                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = __fadd_rn(acc[rr][j], chunk_dot<T>(ch[rr], a, b, m));
             }
           }
         }
@@ -415,7 +418,10 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
 #pragma unroll
                 for (int u = 0; u < F::PER16 / 4; ++u) {
                     const float4 xv = __ldg(xp + u);
-                    acc[j] += f[4 * u] * xv.x + f[4 * u + 1] * xv.y + f[4 * u + 2] * xv.z + f[4 * u + 3] * xv.w;
+                    // rounding spelled out, as in chunk_dot: the same bits for 1..8 columns
+                    const float d = __fmaf_rn(f[4 * u + 3], xv.w, __fmaf_rn(f[4 * u + 2], xv.z,
+                                              __fmaf_rn(f[4 * u + 1], xv.y, __fmul_rn(f[4 * u], xv.x))));
+                    acc[j] = __fadd_rn(acc[j], d);
                 }
             }
         }
@@ -424,7 +430,7 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
         for (int i = lane; i < k; i += 32) {
             const float wv = F::get(row, i);
 #pragma unroll
-            for (int j = 0; j < NC; ++j) acc[j] += wv * x[(size_t)j * k + i];
+            for (int j = 0; j < NC; ++j) acc[j] = __fmaf_rn(wv, x[(size_t)j * k + i], acc[j]);
         }
     }
 }
