@@ -8,6 +8,11 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s5m)  # bench_mtp on every held-out prompt (6 chat, 4 of each other kind), median of 3 runs; batch-MTP --spec 1 at 2 and 4 slots
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --batch-configs 1:0.0 > $OUT/mtp.log 2>&1
+  grep -E "\| all \||\| chat \||^1 slot|^\| [24] |greedy outputs|took" $OUT/mtp.log
+  ;;
 s5k)  # final: every GPU test (window, backend, mmvq, prefill, sample); the test model's decode vs llama.cpp
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py \
