@@ -8,6 +8,12 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s5n)  # batch-MTP against plain batching with 128 generated tokens per request (llama-batched-bench's ntg), all 18 held-out prompts
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --max-tokens 128 --only-batch \
+      --batch-configs 1:0.0,1:0.5 > $OUT/mtp.log 2>&1
+  grep -E "^\| [24] |greedy outputs|took" $OUT/mtp.log
+  ;;
 s5m)  # bench_mtp on every held-out prompt (6 chat, 4 of each other kind), median of 3 runs; batch-MTP --spec 1 at 2 and 4 slots
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --batch-configs 1:0.0 > $OUT/mtp.log 2>&1
