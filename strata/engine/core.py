@@ -124,12 +124,16 @@ class EngineCore:
         if draft is not None:
             proposer = DraftProposer(draft, max_ctx=self.n_ctx, kv_kind=opts.kv, chunk=opts.prefill_chunk(),
                                      min_p=opts.spec_min_p)
+        fused = fused_drafts_default(backend)
+        if draft is not None and opts.spec == 1 and fused:
+            log("strata mtp: fused drafting on (a greedy verification window drafts the next one; "
+                "STRATA_MTP_FUSED=0 turns it off)")
         self.scheduler = Scheduler(
             self.model, self.tokenizer,
             SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
                             prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
                             spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
-                            fused_drafts=fused_drafts_default(backend)),
+                            fused_drafts=fused),
             proposer=proposer, slot_batch_mtp=slot_caps, log=log)
         return self
 
