@@ -216,11 +216,13 @@ def split_columns(type_id: int, rows: int, ncols: int) -> tuple[str, int, int] |
     the launch takes its latency: one warp looping over 4 or 8 columns takes ~1.5x / 2x as long
     as over one. With a grid row per column every column runs at once, each block reading the
     (L2-resident) rows again. Taken while all the columns' warps fit on the device in one wave;
-    a larger matrix keeps the many-column kernel (each weight byte read once). Measured on the H200 (bench/gpu_kernel_profile.py, Q4_1, 576 columns in): 36 and 60
-    blocks per column gain (4 columns 3.24 -> 2.41 us, 2.72 -> 2.20), 192 lose a little (3.09 ->
-    3.26): so a column's blocks must cover at most half the SMs. A column's sum is the same
-    either way (stream_rows adds columns independently), so the choice never changes a
-    result's bits."""
+    a larger matrix keeps the many-column kernel (each weight byte read once).
+
+    Measured on the H200 (bench/gpu_kernel_profile.py, Q4_1 rows of 576 or 1536 weights): 36
+    and 60 blocks per column gain (4 columns 3.24 -> 2.41 us, 2.72 -> 2.20), 192 lose a little
+    (3.09 -> 3.26): so a column's blocks must cover at most half the SMs. A column's sum is the
+    same either way (stream_rows adds columns independently, every rounding spelled out), so
+    the choice never changes a result's bits."""
     if ncols < 2 or type_id in FLOAT_TYPES:
         return None
     name = f"mmvq<{type_id}, 1>"
@@ -235,7 +237,8 @@ def _sm_count() -> int:
     return int(_cp().cuda.Device().attributes["MultiProcessorCount"])
 
 
-def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer | None = None, split: bool = True):
+def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer | None = None,
+         split: bool = True):
     """W (rows, k) of GGML type `type_id` times x (ncols, k) -> float32 (ncols, rows).
 
     x_dev: float32 columns (quantized here) or a Q8Buffer already quantized. More than
