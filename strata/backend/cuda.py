@@ -329,14 +329,7 @@ class CudaBackend(Backend):
         if launch is None:
             # the launch mmvq.mmvq makes for n columns, with everything but the activations
             # and the output worked out once
-            split = mm.split_columns(p.type_id, p.rows, n) if self.split_columns else None
-            if split is not None:  # a small matrix: a grid row per column
-                name, rpw, bx = split
-                grid = (bx, n)
-            else:
-                name = f"mmvq<{p.type_id}, {n}>"
-                rpw = mm._rows_per_warp(p.type_id, name, p.rows)
-                grid = (-(-p.rows // (rpw * mm.WARPS)),)
+            ((_, name, rpw, grid),) = mm.column_launches(p.type_id, p.rows, n, self.split_columns)
             row_bytes = type_by_id(p.type_id).row_bytes(p.k)
             launch = (mm._function(p.type_id, name), grid,
                       (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(rpw)))

@@ -232,6 +232,29 @@ def split_columns(type_id: int, rows: int, ncols: int) -> tuple[str, int, int] |
     return (name, rpw, bx) if fits else None
 
 
+def column_launches(type_id: int, rows: int, ncols: int, split: bool = True) -> list[tuple[int, str, int, tuple]]:
+    """The launches of a quantized mmvq over `ncols` columns: (first column, kernel name, rows
+    per warp, grid). Whole groups of MAX_COLS columns in one launch (grid y), the rest in
+    another; or, for a small matrix (split_columns), every column a grid row of the 1-column
+    kernel. CudaBackend caches these per weight and column count."""
+    one = split_columns(type_id, rows, ncols) if split else None
+    if one is not None:
+        name, rpw, bx = one
+        return [(0, name, rpw, (bx, ncols))]
+    out = []
+    for c0, nc, groups in _column_groups(ncols):
+        name = f"mmvq<{type_id}, {nc}>"
+        rpw = _rows_per_warp(type_id, name, rows)
+        out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
+    return out
+
+
+def _column_groups(ncols: int) -> list[tuple[int, int, int]]:
+    """(first column, columns per group, groups): whole groups of MAX_COLS, then the rest."""
+    full, rest = divmod(ncols, MAX_COLS)
+    return [(c0, nc, g) for c0, nc, g in ((0, MAX_COLS, full), (full * MAX_COLS, rest, 1)) if nc and g]
+
+
 @functools.cache
 def _sm_count() -> int:
     return int(_cp().cuda.Device().attributes["MultiProcessorCount"])
@@ -262,24 +285,14 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
         act = x if t.id in FLOAT_TYPES else quantize_q8_1(x, q8)
     if out is None:
         out = cp.empty((ncols, rows), dtype=cp.float32)
-    # whole groups of MAX_COLS columns in one launch (grid y), the rest in another; or every
-    # column a group of one (a small matrix)
-    full, rest = divmod(ncols, MAX_COLS)
-    plan = ((0, MAX_COLS, full), (full * MAX_COLS, rest, 1))
-    if split and t.id not in FLOAT_TYPES and split_columns(t.id, rows, ncols) is not None:
-        plan = ((0, 1, ncols),)
-    for c0, nc, groups in plan:
-        if not nc or not groups:
-            continue
-        if t.id in FLOAT_TYPES:
-            vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
+    if t.id in FLOAT_TYPES:  # a group of columns per grid row, as the quantized kernels
+        vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
+        for c0, nc, groups in _column_groups(ncols):
             _function(t.id, f"mmvf<{t.id}, {nc}>")(((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
                 w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
-            continue
-        name = f"mmvq<{t.id}, {nc}>"
-        rpw = _rows_per_warp(t.id, name, rows)
-        qgrid = (-(-rows // (rpw * WARPS)), groups)
-        _function(t.id, name)(qgrid, (WARPS * 32,), (
+        return out
+    for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split):
+        _function(t.id, name)(grid, (WARPS * 32,), (
             w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
             act.q[c0:], act.meta[c0:], out[c0:]))
     return out

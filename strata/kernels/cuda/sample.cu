@@ -63,36 +63,79 @@ __device__ T block_exclusive_scan(T v, T* scratch, T* total) {
     return (warp ? scratch[warp - 1] : (T)0) + inc - v;
 }
 
-// The largest logit and its first index (np.argmax).
-__device__ void row_argmax(const float* l, int c0, int c1, float* best_v, int* best_i, float* sv, int* si) {
-    float bv = NEG_INF_F;
-    int bi = 0x7fffffff;
-    for (int i = c0; i < c1; ++i) {
-        const float v = l[i];
-        if (v > bv) { bv = v; bi = i; }  // ascending i: the first of equals stays
+// A row's largest logit, its first index (np.argmax; NaN ignored) and sum(exp(z - max)), for
+// the greedy token, sampling's maximum and a draft's confidence (1 / sum). Each thread walks
+// float4s strided by the block (coalesced) in ascending order, keeping its largest value (the
+// first on ties) and a running sum of exp(z - its max), rescaled when the max grows; the block
+// merges the (max, index, sum) triples. (CuPy's argmax and max/sum reductions took ~60 us each
+// on a (2, 49152) logits pair: one small block per row and long serial loops.)
+struct TopAcc {
+    float m, s;
+    int i;
+};
+
+__device__ __forceinline__ void top_take(TopAcc& a, float v, int i) {
+    if (v > a.m) {
+        a.s = (a.m == NEG_INF_F ? 0.0f : a.s * expf(a.m - v)) + 1.0f;
+        a.m = v;
+        a.i = i;
+    } else if (v != NEG_INF_F) {
+        a.s += expf(v - a.m);  // v == m adds 1; NaN makes the sum NaN (the argmax ignores it)
     }
+}
+
+__device__ __forceinline__ TopAcc top_merge(TopAcc a, TopAcc b) {
+    const float m = fmaxf(a.m, b.m);
+    TopAcc r;
+    r.m = m;
+    r.s = (a.m == NEG_INF_F ? 0.0f : a.s * expf(a.m - m)) + (b.m == NEG_INF_F ? 0.0f : b.s * expf(b.m - m));
+    r.i = (b.m > a.m || (b.m == a.m && b.i < a.i)) ? b.i : a.i;
+    return r;
+}
+
+__device__ __forceinline__ TopAcc top_shfl(TopAcc a) {
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        TopAcc b;
+        b.m = __shfl_xor_sync(0xffffffffu, a.m, o);
+        b.s = __shfl_xor_sync(0xffffffffu, a.s, o);
+        b.i = __shfl_xor_sync(0xffffffffu, a.i, o);
+        a = top_merge(a, b);
     }
+    return a;
+}
+
+// The whole block's triple for row l of V logits, returned to every thread (index 0 for a row
+// of NaN / -inf only, as numpy). scr: 32 entries of shared memory.
+__device__ TopAcc block_top(const float* __restrict__ l, int V, TopAcc* scr) {
+    TopAcc a = {NEG_INF_F, 0.0f, 0x7fffffff};
+    if ((V & 3) == 0 && ((size_t)l & 15) == 0) {
+        const float4* l4 = reinterpret_cast<const float4*>(l);
+#pragma unroll 4
+        for (int j = threadIdx.x; j < (V >> 2); j += blockDim.x) {
+            const float4 v = __ldg(l4 + j);
+            top_take(a, v.x, 4 * j);
+            top_take(a, v.y, 4 * j + 1);
+            top_take(a, v.z, 4 * j + 2);
+            top_take(a, v.w, 4 * j + 3);
+        }
+    } else {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) top_take(a, __ldg(l + j), j);
+    }
+    a = top_shfl(a);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();  // scr may still be read from an earlier call
+    if (lane == 0) scr[warp] = a;
     __syncthreads();
     if (warp == 0) {
-        bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : NEG_INF_F;
-        bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        const TopAcc none = {NEG_INF_F, 0.0f, 0x7fffffff};
+        a = top_shfl(lane < (int)(blockDim.x >> 5) ? scr[lane] : none);
+        if (lane == 0) {
+            if (a.i == 0x7fffffff) a.i = 0;
+            scr[0] = a;
         }
-        if (lane == 0) { sv[0] = bv; si[0] = bi; }
     }
     __syncthreads();
-    *best_v = sv[0];
-    *best_i = si[0];
+    return scr[0];
 }
 
 // params per row (float64): temperature, top_k, top_p, min_p, u. Greedy (temperature <= 0 or
@@ -102,8 +145,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
                                                                         long long* __restrict__ out) {
     __shared__ double dscr[32];
     __shared__ unsigned uscr[32];
-    __shared__ float fscr[32];
-    __shared__ int iscr[32];
+    __shared__ TopAcc tscr[32];
     __shared__ double hist_m[256];
     __shared__ unsigned hist_c[256];
     __shared__ u32 s_digit;
@@ -118,9 +160,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
     // thread t owns the contiguous ids [c0, c1): scans run in token-id order
     const int per = (V + blockDim.x - 1) / blockDim.x;
     const int c0 = min(V, (int)threadIdx.x * per), c1 = min(V, c0 + per);
-    float lmax;
-    int imax;
-    row_argmax(l, c0, c1, &lmax, &imax, fscr, iscr);
+    const TopAcc best = block_top(l, V, tscr);
+    const float lmax = best.m;
+    const int imax = best.i;
     if (temp <= 0.0 || top_k == 1) {
         if (threadIdx.x == 0) out[row] = imax;
         return;
@@ -262,79 +304,15 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
     if (threadIdx.x == 0) out[row] = s_cut_index >= 0 ? s_cut_index : imax;  // rounding past the end: the argmax
 }
 
-// Per row: the first index of the largest logit (np.argmax; NaN ignored, as row_argmax) and its
-// softmax probability 1 / sum(exp(z - max)): the greedy token and the draft's confidence, for a
-// few bytes to the host. CuPy's argmax/max/sum reductions take ~60 us each on a (2, 49152) row
-// pair (one small block per row, long serial loops); this is one launch of one 1024-thread
-// block per row. Each thread walks float4s strided by the block (coalesced) in ascending order,
-// keeping its largest value (the first on ties) and a running sum of exp(z - its max), rescaled
-// when the max grows; the block merges the (max, index, sum) triples.
-struct TopAcc {
-    float m, s;
-    int i;
-};
-
-__device__ __forceinline__ void top_take(TopAcc& a, float v, int i) {
-    if (v > a.m) {
-        a.s = (a.m == NEG_INF_F ? 0.0f : a.s * expf(a.m - v)) + 1.0f;
-        a.m = v;
-        a.i = i;
-    } else if (v != NEG_INF_F) {
-        a.s += expf(v - a.m);  // v == m adds 1; NaN makes the sum NaN (the argmax ignores it)
-    }
-}
-
-__device__ __forceinline__ TopAcc top_merge(TopAcc a, TopAcc b) {
-    const float m = fmaxf(a.m, b.m);
-    TopAcc r;
-    r.m = m;
-    r.s = (a.m == NEG_INF_F ? 0.0f : a.s * expf(a.m - m)) + (b.m == NEG_INF_F ? 0.0f : b.s * expf(b.m - m));
-    r.i = (b.m > a.m || (b.m == a.m && b.i < a.i)) ? b.i : a.i;
-    return r;
-}
-
-__device__ __forceinline__ TopAcc top_shfl(TopAcc a) {
-    for (int o = 16; o > 0; o >>= 1) {
-        TopAcc b;
-        b.m = __shfl_xor_sync(0xffffffffu, a.m, o);
-        b.s = __shfl_xor_sync(0xffffffffu, a.s, o);
-        b.i = __shfl_xor_sync(0xffffffffu, a.i, o);
-        a = top_merge(a, b);
-    }
-    return a;
-}
-
-// vec4: V % 4 == 0 and rows 16-byte aligned (the caller checks)
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_rows(const float* __restrict__ logits, int V, int vec4,
+// Per row: the first argmax and its softmax probability 1 / sum(exp(z - max)): the greedy token
+// and the draft's confidence, a few bytes for the host. One 1024-thread block per row.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) top_rows(const float* __restrict__ logits, int V,
                                                                      long long* __restrict__ ids,
                                                                      float* __restrict__ top) {
     __shared__ TopAcc scr[32];
-    const float* l = logits + (size_t)blockIdx.x * V;
-    TopAcc a = {NEG_INF_F, 0.0f, 0x7fffffff};
-    if (vec4) {
-        const float4* l4 = reinterpret_cast<const float4*>(l);
-#pragma unroll 4
-        for (int j = threadIdx.x; j < (V >> 2); j += blockDim.x) {
-            const float4 v = __ldg(l4 + j);
-            top_take(a, v.x, 4 * j);
-            top_take(a, v.y, 4 * j + 1);
-            top_take(a, v.z, 4 * j + 2);
-            top_take(a, v.w, 4 * j + 3);
-        }
-    } else {
-        for (int j = threadIdx.x; j < V; j += blockDim.x) top_take(a, __ldg(l + j), j);
-    }
-    a = top_shfl(a);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) scr[warp] = a;
-    __syncthreads();
-    if (warp == 0) {
-        TopAcc b = {NEG_INF_F, 0.0f, 0x7fffffff};
-        a = lane < (int)(blockDim.x >> 5) ? scr[lane] : b;
-        a = top_shfl(a);
-        if (lane == 0) {
-            ids[blockIdx.x] = a.i == 0x7fffffff ? 0 : a.i;  // a row of NaN / -inf only: 0, as numpy
-            top[blockIdx.x] = 1.0f / a.s;
-        }
+    const TopAcc t = block_top(logits + (size_t)blockIdx.x * V, V, scr);
+    if (threadIdx.x == 0) {
+        ids[blockIdx.x] = t.i;
+        top[blockIdx.x] = 1.0f / t.s;
     }
 }
