@@ -8,6 +8,53 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s6d)  # the test model's matrix shapes at 1 / 4 / 8 columns, this tree vs HEAD's kernels, interleaved
+  for v in new base new base; do
+    d=.; [ $v = base ] && d=.gl/base
+    for shape in "576 576 Q4_1" "1536 576 Q4_1" "576 1536 Q4_1" "49152 576 Q8_0"; do
+      set -- $shape
+      python3 $d/bench/bench_mmvq.py --rows $1 --k $2 --types $3 --cols 1,4,8 2>&1 | grep -E "^ *$3 " | sed "s/^/[$v] $1x$2 /"
+    done
+  done | tee $OUT/small.log
+  ;;
+s6c)  # decode, this tree vs HEAD's kernels (.gl/base) interleaved: test model x2, then dense-8b and seed-moe-full
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf 2>/dev/null || true
+  for v in new base new base; do
+    d=.; [ $v = base ] && d=.gl/base
+    python3 $d/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
+  done
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in dense-8b seed-moe-full; do
+    for v in new base; do
+      d=.; [ $v = base ] && d=.gl/base
+      python3 $d/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
+    done
+  done
+  ;;
+s6a)  # MMVQ loads through LDS and shared alignment (this tree) vs HEAD's kernels (.gl/base, `git archive`) in one call
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,IQ3_XXS,MXFP4
+  for v in base new base new; do
+    d=.; [ $v = base ] && d=.gl/base
+    python3 $d/bench/bench_mmvq.py --types $T --cols 1,4 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /" | tee -a $OUT/mmvq.log
+  done | grep -E "copy|Q4_K|IQ3_S|Q2_0|IQ4_NL|Q2_K|Q4_1|Q8_0|Q4_0|Q6_K|IQ3_XXS|MXFP4"
+  ;;
+s6b)  # whole models on the GPU vs the CPU (test_cuda_vs_cpu), window tests; test model decode, this tree vs HEAD's
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q -s tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )|equal prefix|positions" $OUT/tests.log | head -20
+  for v in new base; do
+    d=.; [ $v = base ] && d=.gl/base
+    python3 $d/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\|" | sed "s/^/[$v] /"
+  done
+  ;;
 s5n)  # batch-MTP against plain batching with 128 generated tokens per request (llama-batched-bench's ntg), all 18 held-out prompts
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --max-tokens 128 --only-batch \

@@ -28,6 +28,7 @@ static inline u32 ld16(const u8* p){ u16 v; memcpy(&v,p,2); return v; }
 static inline u32 ld32a(const u8* p){ u32 v; memcpy(&v,p,4); return v; }
 static inline u32 ld32u(const u8* p){ u32 v; memcpy(&v,p,4); return v; }
 static inline float ldh(const u8* p){ return h2f((u16)ld16(p)); }
+template <int N> static inline void ldwords(const u8* p, u32 (&w)[N]){ for(int i=0;i<N;i++) w[i]=ld32u(p+4*i); }
 static inline u32 sign_mask4(u32 s4){ return prmt(s4*0x10204080u, 0u, 0xBA98u); }
 static inline u32 spread4(u32 b4){ return (b4*0x00204081u)&0x01010101u; }
 static inline u32 apply_signs(u32 g,u32 m){ return (g^m)+(m&0x01010101u); }

@@ -36,11 +36,29 @@ __device__ __forceinline__ u32 ld8(const u8* p) { return *p; }
 __device__ __forceinline__ u32 ld16(const u8* p) { return *(const u16*)p; }  // 2-aligned fields only
 __device__ __forceinline__ u32 ld32a(const u8* p) { return *(const u32*)p; }  // 4-aligned fields only
 __device__ __forceinline__ u32 ld32u(const u8* p) {  // any alignment (reads up to 7 bytes past)
-    const size_t a = (size_t)p;
-    const u32* w = (const u32*)(a & ~(size_t)3);
-    return __funnelshift_r(w[0], w[1], (u32)(a & 3) * 8);
+    // Step back from p itself rather than masking its integer value: the compiler then still
+    // knows the pointer is into shared memory and emits LDS, not generic loads (LD.E), which
+    // cost 64-bit address arithmetic and the generic path's latency.
+    const u32 off = (u32)(size_t)p & 3u;
+    const u32* w = (const u32*)(p - off);
+    return __funnelshift_r(w[0], w[1], off * 8);
 }
 __device__ __forceinline__ float ldh(const u8* p) { return h2f((u16)ld16(p)); }
+// N consecutive words from any alignment: one alignment computation, N + 1 aligned loads and N
+// funnel shifts (N x ld32u would cost 2N loads and N address computations).
+template <int N>
+__device__ __forceinline__ void ldwords(const u8* p, u32 (&w)[N]) {
+    const u32 off = (u32)(size_t)p & 3u;
+    const u32* a = (const u32*)(p - off);
+    u32 prev = a[0];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const u32 next = a[i + 1];
+        w[i] = __funnelshift_r(prev, next, off * 8);
+        prev = next;
+    }
+}
+
 
 // 4 bits -> bytes 0x00/0xFF (bit i of s4 -> byte i). The multiply places bit i at bit 8i+7
 // (all 16 partial-product bits land on distinct positions, so no carries); prmt's sign mode

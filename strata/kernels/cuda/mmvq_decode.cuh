@@ -32,11 +32,12 @@ template <int ID> struct TypeOf;
 // ---------------------------------------------------------------- 32-weight formats
 // Q4_0: half d; qs[16]: low nibbles weights 0..15, high nibbles 16..31; value d * (q - 8).
 TYPE_HEAD(2, 32, 18, -8, false) {
+    u32 w[4];
+    ldwords(b + 2, w);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 w = ld32u(b + 2 + 4 * i);
-        r.q[i] = w & 0x0F0F0F0F;
-        r.q[4 + i] = (w >> 4) & 0x0F0F0F0F;
+        r.q[i] = w[i] & 0x0F0F0F0F;
+        r.q[4 + i] = (w[i] >> 4) & 0x0F0F0F0F;
     }
     r.sc[0] = r.sc[1] = ldh(b);
 }
@@ -57,10 +58,12 @@ TYPE_TAIL
 
 // Q5_0: half d; u32 qh (bit j = 5th bit of weight j); qs[16]; value d * (q - 16).
 TYPE_HEAD(6, 32, 22, -16, false) {
-    const u32 qh = ld32u(b + 2);
+    u32 v[5];  // qh, then qs
+    ldwords(b + 2, v);
+    const u32 qh = v[0];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 w = ld32u(b + 6 + 4 * i);
+        const u32 w = v[1 + i];
         r.q[i] = (w & 0x0F0F0F0F) | (spread4((qh >> (4 * i)) & 15) << 4);
         r.q[4 + i] = ((w >> 4) & 0x0F0F0F0F) | (spread4((qh >> (16 + 4 * i)) & 15) << 4);
     }
@@ -85,16 +88,21 @@ TYPE_TAIL
 // Q8_0: half d; int8 qs[32].
 TYPE_HEAD(8, 32, 34, 0, false) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) r.q[i] = ld32u(b + 2 + 4 * i);
+    u32 w[8];
+    ldwords(b + 2, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = w[i];
     r.sc[0] = r.sc[1] = ldh(b);
 }
 TYPE_TAIL
 
 // IQ4_NL: half d; qs[16] nibbles indexing kvalues_iq4nl.
 TYPE_HEAD(20, 32, 18, 0, false) {
+    u32 w[4];
+    ldwords(b + 2, w);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        lut16x8(ld32u(b + 2 + 4 * i), KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, r.q[i], r.q[4 + i]);
+        lut16x8(w[i], KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, r.q[i], r.q[4 + i]);
     }
     r.sc[0] = r.sc[1] = ldh(b);
 }
@@ -102,9 +110,11 @@ TYPE_TAIL
 
 // MXFP4: u8 e (E8M0); qs[16] nibbles indexing the doubled E2M1 values; scale 2^(e-128).
 TYPE_HEAD(39, 32, 17, 0, false) {
+    u32 w[4];
+    ldwords(b + 1, w);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        lut16x8(ld32u(b + 1 + 4 * i), KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, r.q[i], r.q[4 + i]);
+        lut16x8(w[i], KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, r.q[i], r.q[4 + i]);
     }
     r.sc[0] = r.sc[1] = __uint_as_float(__ldg(&E8M0_HALF_BITS[ld8(b)]));
 }
@@ -137,11 +147,12 @@ TYPE_TAIL
 // A byte holds 4 consecutive weights, so masks give bit planes (code int 4h+s = weights
 // 16h + 4k + s, k = 0..3); PLANES makes the kernel transpose the activations to match.
 TYPE_HEAD_X(42, 64, 18, -1, false, 1, nullptr, true) {
+    u32 w[2];  // weights 16h .. 16h+15 of the chunk in w[h]
+    ldwords(b + 2 + 8 * sub, w);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const u32 w = ld32u(b + 2 + 8 * sub + 4 * h);  // weights 16h .. 16h+15 of the chunk
 #pragma unroll
-        for (int p = 0; p < 4; ++p) r.q[4 * h + p] = (w >> (2 * p)) & 0x03030303;
+        for (int p = 0; p < 4; ++p) r.q[4 * h + p] = (w[h] >> (2 * p)) & 0x03030303;
     }
     r.sc[0] = r.sc[1] = ldh(b);
 }
@@ -152,8 +163,10 @@ TYPE_TAIL
 TYPE_HEAD(35, 256, 66, -1, false) {
     const u8* q = b + 32 * (sub >> 2);
     const int sh = 2 * (sub & 3);
+    u32 w[8];
+    ldwords(q, w);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) r.q[i] = (ld32u(q + 4 * i) >> sh) & 0x03030303;
+    for (int i = 0; i < 8; ++i) r.q[i] = (w[i] >> sh) & 0x03030303;
     r.sc[0] = r.sc[1] = ldh(b + 64);
 }
 TYPE_TAIL
@@ -215,10 +228,13 @@ TYPE_TAIL
 TYPE_HEAD(11, 256, 110, -4, false) {
     const u8* q = b + 32 + 32 * (sub >> 2);
     const int sh = 2 * (sub & 3);
+    u32 lw[8], hw[8];
+    ldwords(q, lw);
+    ldwords(b, hw);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const u32 low = (ld32u(q + 4 * i) >> sh) & 0x03030303;
-        const u32 hb = (ld32u(b + 4 * i) >> sub) & 0x01010101;
+        const u32 low = (lw[i] >> sh) & 0x03030303;
+        const u32 hb = (hw[i] >> sub) & 0x01010101;
         r.q[i] = low | (hb << 2);
     }
     const float d = ldh(b + 108);
@@ -280,9 +296,11 @@ TYPE_HEAD(14, 256, 210, -32, false) {
     const u8* ql = b + 64 * half + 32 * (j & 1);
     const u8* qh = b + 128 + 32 * half;
     const int nsh = 4 * (j >> 1), hsh = 2 * j;
+    u32 lw[8], hw[8];
+    ldwords(ql, lw);
+    ldwords(qh, hw);
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-        r.q[i] = ((ld32u(ql + 4 * i) >> nsh) & 0x0F0F0F0F) | (((ld32u(qh + 4 * i) >> hsh) & 0x03030303) << 4);
+    for (int i = 0; i < 8; ++i) r.q[i] = ((lw[i] >> nsh) & 0x0F0F0F0F) | (((hw[i] >> hsh) & 0x03030303) << 4);
     const float d = ldh(b + 208);
     r.sc[0] = d * (float)(i8)ld8(b + 192 + 8 * half + 2 * j);
     r.sc[1] = d * (float)(i8)ld8(b + 192 + 8 * half + 2 * j + 1);
@@ -299,7 +317,9 @@ __device__ __forceinline__ void signed_pair_t(const uint2 g, const uint2 m, int&
 }
 // IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
 TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, GRID_IQ2XXS_W) {
-    const u32 idx = ld32u(b + 2 + 8 * sub), aux = ld32u(b + 6 + 8 * sub);
+    u32 w[2];
+    ldwords(b + 2 + 8 * sub, w);
+    const u32 idx = w[0], aux = w[1];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint2 g = ((const uint2*)tab)[(idx >> (8 * l)) & 255];
@@ -343,7 +363,9 @@ TYPE_TAIL
 // IQ3_XXS: half d; qs[64] grid indices (4-byte codewords); 8 u32 of 4 x 7 sign bits + scale.
 TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS_W) {
     const u32 aux = ld32u(b + 66 + 4 * sub);
-    const u32 q01 = ld32u(b + 2 + 8 * sub), q23 = ld32u(b + 6 + 8 * sub);  // 8 grid indices
+    u32 w[2];  // 8 grid indices
+    ldwords(b + 2 + 8 * sub, w);
+    const u32 q01 = w[0], q23 = w[1];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint2 m = sign_masks(ksigns((aux >> (7 * l)) & 127));
@@ -358,7 +380,9 @@ TYPE_TAIL
 // IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
 TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S_W) {
     const u32 qh = ld8(b + 66 + sub);
-    const u32 q01 = ld32u(b + 2 + 8 * sub), q23 = ld32u(b + 6 + 8 * sub);  // index low bytes
+    u32 w[2];  // index low bytes
+    ldwords(b + 2 + 8 * sub, w);
+    const u32 q01 = w[0], q23 = w[1];
     const u32 sg = ld32u(b + 74 + 4 * sub);                                  // 4 sign bytes
 #pragma unroll
     for (int l = 0; l < 4; ++l) {

@@ -31,8 +31,9 @@ template <class T> struct Geometry {
     static constexpr int MAXP = (TB * T::TS + 15) / 16 + 1;  // 16-byte pieces per row tile
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const u32 s = (u32)__cvta_generic_to_shared(smem);
+// s: a shared-memory address (the caller converts its buffer once: a conversion per copy costs
+// three instructions).
+__device__ __forceinline__ void cp_async16(u32 s, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -45,14 +46,14 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // outside the row cannot fault. At most MAXP pieces: a fixed, predicated sequence per lane.
 // (The caller commits the group.)
 template <int MAXP>
-__device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb, u8* buf, int lane) {
+__device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb, u32 buf, int lane) {
     const size_t g0 = (size_t)row + (size_t)b0 * ts;
     const size_t a0 = g0 & ~(size_t)15;
     const int n16 = (int)((g0 + (size_t)nb * ts - a0 + 15) >> 4);
 #pragma unroll
     for (int j = 0; j < (MAXP + 31) / 32; ++j) {
         const int i = lane + 32 * j;
-        if (i < n16) cp_async16(buf + 16 * i, (const void*)(a0 + 16 * (size_t)i));
+        if (i < n16) cp_async16(buf + 16 * (u32)i, (const void*)(a0 + 16 * (size_t)i));
     }
 }
 
@@ -138,15 +139,16 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // the last group re-read row r1 - 1 (never the case when rows_per_warp is a multiple of
     // RPW and rows a multiple of it); their results are not written.
     int ig = 0, ib = 0;  // group and first block of the next item to copy
+    const u32 sbuf_shared = (u32)__cvta_generic_to_shared(sbuf);
     auto issue = [&](int i) {
         if (i < items) {
             const int g = ig, b0 = ib;
             if ((ib += TB) >= nblk) { ib = 0; ++ig; }
-            u8* buf = sbuf + (i % S) * RPW * G::TBUF;
+            const u32 buf = sbuf_shared + (u32)((i % S) * RPW * G::TBUF);
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
                 const int row = min(r0 + g * RPW + rr, r1 - 1);
-                issue_tile<G::MAXP>(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, TB), buf + rr * G::TBUF, lane);
+                issue_tile<G::MAXP>(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, TB), buf + (u32)(rr * G::TBUF), lane);
             }
         }
         cp_async_commit();  // empty groups keep the count uniform
