@@ -8,6 +8,32 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s6g)  # many-column MMVQ held to 128 registers (WIDE_MIN_BLOCKS 4, spills on IQ grids at 8) vs free (1)
+  for v in 4 1 4 1; do
+    STRATA_MMVQ_WIDE_MIN_BLOCKS=$v python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,IQ3_XXS,IQ2_XS,Q2_K,Q4_1,Q5_K,IQ4_NL,Q2_0,Q6_K --cols 4,8 2>&1 \
+        | grep -E "^ *(Q|I)" | sed "s/^/[mb$v] /"
+  done | tee $OUT/wide.log
+  ;;
+s6f)  # final kernels: GPU tests that need no test model; MMVQ table this tree vs HEAD~ (.gl/base); tile 1200 vs 1408
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
+  for v in new base; do
+    d=.; [ $v = base ] && d=.gl/base
+    python3 $d/bench/bench_mmvq.py --types $T --cols 1,4,8 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /"
+  done | tee $OUT/mmvq.log
+  for v in t1200 t1408 t1200 t1408; do
+    STRATA_MMVQ_TILE_MAX=${v#t} python3 bench/bench_mmvq.py --types Q4_1,Q5_0,Q5_K --cols 1,4 2>&1 | grep -E "^ *Q" | sed "s/^/[$v] /"
+  done | tee $OUT/tile.log
+  ;;
+s6e)  # more chunks per lane per item (STRATA_MMVQ_TILE_MAX / CPL_MAX) on the types whose tiles still fit 48 KB
+  for v in def wide def wide; do
+    e=""; [ $v = wide ] && e="STRATA_MMVQ_TILE_MAX=2400 STRATA_MMVQ_CPL_MAX=4"
+    env $e python3 bench/bench_mmvq.py --types Q4_1,Q2_0,Q1_0,Q2_K --cols 1,4 2>&1 | grep -E "^ *(Q|copy)" | sed "s/^/[$v] /"
+  done | tee $OUT/wide.log
+  ;;
 s6d)  # the test model's matrix shapes at 1 / 4 / 8 columns, this tree vs HEAD's kernels, interleaved
   for v in new base new base; do
     d=.; [ $v = base ] && d=.gl/base

@@ -17,11 +17,18 @@
 #ifndef IN_FLIGHT  // (bench/bench_mmvq.py tries others through STRATA_MMVQ_IN_FLIGHT)
 #define IN_FLIGHT 3072
 #endif
+#ifndef TILE_MAX  // bytes of one row's tile: rounds are doubled (up to CPL_MAX) while they fit.
+#define TILE_MAX 1408  // S6-5: Q4_1's 1280-byte doubled round measured 5% faster than single;
+#endif                 // 4 chunks per lane (CPL_MAX 4) measured slower on Q2_0 / Q2_K
+#ifndef CPL_MAX
+#define CPL_MAX 2
+#endif
 template <class T> struct Geometry {
     static constexpr int CPB = T::BS / 32;  // chunks per block
-    // chunks per lane per row per item: 2 where a round is small, to spread the per-item
+    static constexpr int ROUND = (32 / CPB) * T::TS;  // bytes of 32 chunks
+    // chunks per lane per row per item: 2 or 4 where a round is small, to spread the per-item
     // overhead (copies, addressing, loop) over more work
-    static constexpr int CPL = (32 / CPB) * T::TS <= 600 ? 2 : 1;
+    static constexpr int CPL = CPL_MAX >= 4 && 4 * ROUND <= TILE_MAX ? 4 : CPL_MAX >= 2 && 2 * ROUND <= TILE_MAX ? 2 : 1;
     static constexpr int TB = 32 * CPL / CPB;                      // blocks per tile
     static constexpr int TBUF = (TB * T::TS + 16 + 15) / 16 * 16;  // + alignment slack
     static constexpr int ITEM = RPW * TB * T::TS;
@@ -29,6 +36,7 @@ template <class T> struct Geometry {
     static constexpr int STAGES = S0 < 2 ? 2 : S0 > 8 ? 8 : S0;
     static constexpr int WARP_SMEM = STAGES * RPW * TBUF;
     static constexpr int MAXP = (TB * T::TS + 15) / 16 + 1;  // 16-byte pieces per row tile
+    static_assert(WARPS * WARP_SMEM <= 46 * 1024, "MMVQ tiles past the 48 KB of static shared memory");
 };
 
 // s: a shared-memory address (the caller converts its buffer once: a conversion per copy costs
@@ -226,8 +234,18 @@ __device__ __forceinline__ int2 warp_rows(int bx, int rows_per_warp, int rows) {
 // (the host sizes the grid to what stays resident, so all warps finish together). blockIdx.y
 // picks a group of NC columns: a wide window is one launch of many groups (each column's
 // arithmetic is the same whatever the grid, so results do not depend on the window's width).
+// Many-column instances are held to 128 registers (WIDE_MIN_BLOCKS blocks per SM): left alone,
+// the compiler took 168 on several types once their decode got cheaper, and the lost occupancy
+// cost 5-10% at 4 and 8 columns (S6-6, S6-7). The IQ grid types at 8 columns keep their
+// registers: held to 128 they spill (IQ3_S 172 bytes) and measured 1-3% slower.
+#ifndef WIDE_MIN_BLOCKS
+#define WIDE_MIN_BLOCKS 4
+#endif
+template <int ID, int NC> struct MinBlocks {
+    static constexpr int N = NC >= 4 && !(NC == 8 && TypeOf<ID>::TAB_WORDS > 1) ? WIDE_MIN_BLOCKS : 1;
+};
 template <int ID, int NC>
-__global__ void __launch_bounds__(WARPS * 32) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
+__global__ void __launch_bounds__(WARPS * 32, MinBlocks<ID, NC>::N) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
                                                    int rows_per_warp, const i8* __restrict__ q8,
                                                    const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
