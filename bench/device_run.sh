@@ -8,6 +8,35 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s6h)  # final, first half: the MMVQ table, this tree vs session 5's kernels (.gl/base); keeps the test model's first half
+  cp .models/tm.part1 /tmp/tm.part1
+  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
+  for v in new base; do
+    d=.; [ $v = base ] && d=.gl/base
+    python3 $d/bench/bench_mmvq.py --types $T --cols 1,4,8 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /"
+  done | tee $OUT/mmvq.log
+  ;;
+s6i)  # final, second half: every GPU test; decode of the test model, dense-8b and seed-moe-full vs session 5's kernels
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q -s tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py \
+      tests/test_cuda_sample.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )|equal prefix|positions" $OUT/tests.log | head -20
+  for v in new base new base; do
+    d=.; [ $v = base ] && d=.gl/base
+    python3 $d/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
+  done
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in dense-8b seed-moe-full; do
+    for v in new base; do
+      d=.; [ $v = base ] && d=.gl/base
+      python3 $d/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
+    done
+  done
+  ;;
 s6g)  # many-column MMVQ held to 128 registers (WIDE_MIN_BLOCKS 4, spills on IQ grids at 8) vs free (1)
   for v in 4 1 4 1; do
     STRATA_MMVQ_WIDE_MIN_BLOCKS=$v python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,IQ3_XXS,IQ2_XS,Q2_K,Q4_1,Q5_K,IQ4_NL,Q2_0,Q6_K --cols 4,8 2>&1 \
