@@ -8,6 +8,33 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 case $stage in
+s6l)  # prefetch except the 4-bit lookup types, IQ grids free at 5-8 columns: tests; table vs HEAD (.gl/base2)
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head
+  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
+  for v in new head; do
+    d=.; [ $v = head ] && d=.gl/base2
+    python3 $d/bench/bench_mmvq.py --types $T --cols 1,2,4,8 2>&1 | grep -E "^ *(Q|I|M)|copy" | sed "s/^/[$v] /"
+  done | tee $OUT/mmvq.log
+  ;;
+s6k)  # activation blocks loaded before the tile wait (1-2 columns) vs HEAD (.gl/base2), interleaved; mmvq tests
+  python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1; tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head
+  for v in new head new head; do
+    d=.; [ $v = head ] && d=.gl/base2
+    python3 $d/bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K,IQ3_S,Q8_0,Q4_1,Q6_K,Q2_K --cols 1,2 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+    python3 $d/bench/bench_mmvq.py --rows 1536 --k 576 --types Q4_1 --cols 1,2 2>&1 | grep -E "^ *Q" | sed "s/^/[$v] 1536x576 /"
+  done | tee $OUT/pre.log
+  ;;
+s6j)  # 1-column occupancy: NARROW_MIN_BLOCKS (register cap) x TILE_MAX (600: one chunk per lane, smaller tiles)
+  for rep in 1 2; do
+    for cfg in "1 1408" "8 1408" "1 600" "8 600" "6 600"; do
+      set -- $cfg
+      STRATA_MMVQ_NARROW_MIN_BLOCKS=$1 STRATA_MMVQ_TILE_MAX=$2 python3 bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K,IQ3_S,Q8_0,Q4_1,Q6_K --cols 1 2>&1 \
+          | grep -E "^ *(Q|I)" | sed "s/^/[mb$1 t$2] /"
+    done
+  done | tee $OUT/narrow.log
+  ;;
 s6h)  # final, first half: the MMVQ table, this tree vs session 5's kernels (.gl/base); keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
   T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4

@@ -43,7 +43,7 @@ FLOAT_TYPES = tuple(BY_NAME[n].id for n in FLOAT_TYPE_NAMES)
 _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
 _KNOBS = {"STRATA_MMVQ_IN_FLIGHT": "IN_FLIGHT", "STRATA_MMVQ_TILE_MAX": "TILE_MAX", "STRATA_MMVQ_CPL_MAX": "CPL_MAX",
-          "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS"}
+          "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS"}
 _OPTIONS = ("--use_fast_math", "-std=c++17") + tuple(
     f"-D{macro}={int(os.environ[env])}" for env, macro in _KNOBS.items() if os.environ.get(env))
 _lock = threading.Lock()

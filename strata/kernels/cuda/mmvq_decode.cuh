@@ -19,7 +19,7 @@ template <int ID> struct TypeOf;
 // decode gets it as `tab`); 1 / nullptr for types without one.
 #define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, PLANES_)            \
     template <> struct TypeOf<ID_> {                                             \
-        static constexpr int BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
+        static constexpr int ID = ID_, BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
         static constexpr bool MIN = MIN_, PLANES = PLANES_;                      \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
         __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)

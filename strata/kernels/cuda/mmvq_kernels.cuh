@@ -114,6 +114,9 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
         for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(FULL_MASK, acc[j], o);
 }
 
+// Types decoded through lut16x8 (4-bit codes into a 16-entry int8 codebook).
+template <int ID> struct LUT16 { static constexpr bool YES = ID == 20 || ID == 23 || ID == 39 || ID == 40; };
+
 // Codebook of the type (IQ grids) copied into shared memory once per thread block: random
 // per-lane lookups are far cheaper there than through L1.
 template <class T>
@@ -168,13 +171,36 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     for (int rr = 0; rr < RPW; ++rr)
 #pragma unroll
         for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
+    // Few columns: the item's activation blocks are loaded before the wait for its tiles, so
+    // their latency (L1/L2) hides behind it; loaded after the decode they were the largest stall
+    // (ncu, S6-11: 38% of a warp's cycles waiting on L1TEX at 1 column). S6-12: Q4_1 +5%, Q4_K
+    // +2%, Q6_K / Q8_0 +3-4% at 2 columns; the 4-bit lookup types lost 3% (their lookups hold
+    // more registers), so they keep loading after the decode. More columns would not fit.
+    constexpr bool PRE = NC <= 2 && !LUT16<T::ID>::YES;
+    constexpr int PU = PRE ? G::CPL : 1, PJ = PRE ? NC : 1;
     int g = 0, t = 0;  // current item's group and tile
     for (int it = 0; it < items; ++it) {
+        const int b0 = t * TB;
+        const int nb = min(nblk - b0, TB);
+        int4 pa[PU][PJ], pb[PU][PJ];
+        QMeta pm[PU][PJ];
+        if (PRE) {
+#pragma unroll
+            for (int u = 0; u < PU; ++u) {
+                const int c = lane + 32 * u;
+                const int gc = b0 * CPB + min(c, nb * CPB - 1);  // lanes past the tile load a valid block
+#pragma unroll
+                for (int j = 0; j < PJ; ++j) {
+                    const int4* qp = (const int4*)(q8 + (size_t)j * k + 32 * (size_t)gc);
+                    pa[u][j] = __ldg(qp);
+                    pb[u][j] = __ldg(qp + 1);
+                    pm[u][j] = meta[(size_t)j * kb + gc];
+                }
+            }
+        }
         issue(it + S - 1);
         cp_async_wait<S - 1>();  // item it's copies have landed
         __syncwarp();
-        const int b0 = t * TB;
-        const int nb = min(nblk - b0, TB);
         const u8* base[RPW];
 #pragma unroll
         for (int rr = 0; rr < RPW; ++rr) {
@@ -192,13 +218,22 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
             const int gc = b0 * CPB + c;  // chunk index along the row = activation block
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
-                const int4* qp = (const int4*)(q8 + (size_t)j * k + 32 * (size_t)gc);
-                int4 a = __ldg(qp), b = __ldg(qp + 1);
+                int4 a, b;
+                QMeta m;
+                if (PRE) {
+                    a = pa[PRE ? u : 0][PRE ? j : 0];
+                    b = pb[PRE ? u : 0][PRE ? j : 0];
+                    m = pm[PRE ? u : 0][PRE ? j : 0];
+                } else {
+                    const int4* qp = (const int4*)(q8 + (size_t)j * k + 32 * (size_t)gc);
+                    a = __ldg(qp);
+                    b = __ldg(qp + 1);
+                    m = meta[(size_t)j * kb + gc];
+                }
                 if (T::PLANES) {
                     a = transpose4x4(a);
                     b = transpose4x4(b);
                 }
-                const QMeta m = meta[(size_t)j * kb + gc];
 #pragma unroll
                 for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = __fadd_rn(acc[rr][j], chunk_dot<T>(ch[rr], a, b, m));
             }
@@ -236,13 +271,17 @@ __device__ __forceinline__ int2 warp_rows(int bx, int rows_per_warp, int rows) {
 // arithmetic is the same whatever the grid, so results do not depend on the window's width).
 // Many-column instances are held to 128 registers (WIDE_MIN_BLOCKS blocks per SM): left alone,
 // the compiler took 168 on several types once their decode got cheaper, and the lost occupancy
-// cost 5-10% at 4 and 8 columns (S6-6, S6-7). The IQ grid types at 8 columns keep their
-// registers: held to 128 they spill (IQ3_S 172 bytes) and measured 1-3% slower.
+// cost 5-10% at 4 and 8 columns (S6-6, S6-7). The IQ grid types at 5-8 columns keep their
+// registers: held to 128 they spill (IQ3_S 172 bytes at 8) and measured 1-3% slower.
 #ifndef WIDE_MIN_BLOCKS
 #define WIDE_MIN_BLOCKS 4
 #endif
+#ifndef NARROW_MIN_BLOCKS
+#define NARROW_MIN_BLOCKS 1
+#endif
 template <int ID, int NC> struct MinBlocks {
-    static constexpr int N = NC >= 4 && !(NC == 8 && TypeOf<ID>::TAB_WORDS > 1) ? WIDE_MIN_BLOCKS : 1;
+    static constexpr int N = NC >= 4 && !(NC >= 5 && TypeOf<ID>::TAB_WORDS > 1) ? WIDE_MIN_BLOCKS
+                             : NC == 1 ? NARROW_MIN_BLOCKS : 1;
 };
 template <int ID, int NC>
 __global__ void __launch_bounds__(WARPS * 32, MinBlocks<ID, NC>::N) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
