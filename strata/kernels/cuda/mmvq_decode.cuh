@@ -87,7 +87,6 @@ TYPE_TAIL
 
 // Q8_0: half d; int8 qs[32].
 TYPE_HEAD(8, 32, 34, 0, false) {
-#pragma unroll
     u32 w[8];
     ldwords(b + 2, w);
 #pragma unroll

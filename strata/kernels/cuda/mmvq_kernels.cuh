@@ -184,7 +184,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
         const int nb = min(nblk - b0, TB);
         int4 pa[PU][PJ], pb[PU][PJ];
         QMeta pm[PU][PJ];
-        if (PRE) {
+        if constexpr (PRE) {
 #pragma unroll
             for (int u = 0; u < PU; ++u) {
                 const int c = lane + 32 * u;
@@ -220,10 +220,10 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
             for (int j = 0; j < NC; ++j) {
                 int4 a, b;
                 QMeta m;
-                if (PRE) {
-                    a = pa[PRE ? u : 0][PRE ? j : 0];
-                    b = pb[PRE ? u : 0][PRE ? j : 0];
-                    m = pm[PRE ? u : 0][PRE ? j : 0];
+                if constexpr (PRE) {
+                    a = pa[u][j];
+                    b = pb[u][j];
+                    m = pm[u][j];
                 } else {
                     const int4* qp = (const int4*)(q8 + (size_t)j * k + 32 * (size_t)gc);
                     a = __ldg(qp);
