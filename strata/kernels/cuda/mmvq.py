@@ -170,7 +170,8 @@ def _resident_warps_of(fn) -> int:
 
 def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1, resident: int | None = None) -> int:
     """Rows per warp: a multiple of RPW, few enough warps to stay resident in one wave."""
-    per = -(-rows * npairs // (resident or _resident_warps(type_id, name)))
+    forced = os.environ.get("STRATA_MMVQ_ROWS_PER_WARP")  # benchmarks only (bench_mmvq.py)
+    per = int(forced) if forced else -(-rows * npairs // (resident or _resident_warps(type_id, name)))
     return max(RPW, -(-per // RPW) * RPW)
 
 
@@ -247,9 +248,26 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True) -> 
     out = []
     for c0, nc, groups in _column_groups(ncols):
         name = f"mmvq<{type_id}, {nc}>"
-        rpw = _rows_per_warp(type_id, name, rows)
+        rpw = RPW if nc == 1 and _low_bit(type_id) else _rows_per_warp(type_id, name, rows)
         out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
+
+
+# One column of a type with much decode work per byte runs RPW rows per warp (every row group a
+# warp of its own, past one wave) rather than the one-wave rule: more warps hide the decode's
+# latency. Those are the types below 4.5 bits per weight and the 4-bit lookup types. S6-16
+# (14336 x 4096, twice, against 8 rows per warp): Q2_0 10.5 -> 9.3 us, Q2_K 12.2 -> 11.0, Q3_K
+# 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
+# IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
+LOW_BIT_BYTES_PER_32 = 18  # 4.5 bits per weight: types below it
+LOOKUP_4BIT = frozenset(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"))
+
+
+def _low_bit(type_id: int) -> bool:
+    if type_id in FLOAT_TYPES or os.environ.get("STRATA_MMVQ_ROWS_PER_WARP"):
+        return False
+    t = type_by_id(type_id)
+    return t.type_size * 32 < LOW_BIT_BYTES_PER_32 * t.block_size or type_id in LOOKUP_4BIT
 
 
 def _column_groups(ncols: int) -> list[tuple[int, int, int]]:
