@@ -248,7 +248,7 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True) -> 
     out = []
     for c0, nc, groups in _column_groups(ncols):
         name = f"mmvq<{type_id}, {nc}>"
-        rpw = RPW if nc == 1 and _low_bit(type_id) else _rows_per_warp(type_id, name, rows)
+        rpw = RPW if nc == 1 and _decode_heavy(type_id) else _rows_per_warp(type_id, name, rows)
         out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
 
@@ -263,7 +263,7 @@ LOW_BIT_BYTES_PER_32 = 18  # 4.5 bits per weight: types below it
 LOOKUP_4BIT = frozenset(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"))
 
 
-def _low_bit(type_id: int) -> bool:
+def _decode_heavy(type_id: int) -> bool:
     if type_id in FLOAT_TYPES or os.environ.get("STRATA_MMVQ_ROWS_PER_WARP"):
         return False
     t = type_by_id(type_id)
