@@ -35,12 +35,10 @@ from tests.support.gpu import require_cuda, require_synth_tokenizer
 
 cp = require_cuda()
 
-from tests.support.engines import chat_prompts, greedy, load_engine, make_seed_moe, run_all  # noqa: E402
+from tests.support.engines import greedy, load_engine, make_seed_moe, run_all  # noqa: E402
 from tests.support.model_fixtures import log_softmax, logits_of, shared_file  # noqa: E402
 
 NEAR_TIE = 0.3  # log-prob gap: as tests/test_model_smollm.py holds our CPU backend to llama.cpp
-PROMPTS = ["What is the capital of France?", "Write a Python function that returns the factorial of n.",
-           "List five fruits that are red.", "Once upon a time, in a small village by the sea, there lived a"]
 
 
 def model_path() -> Path:
@@ -68,6 +66,12 @@ def engines():
 @pytest.fixture(scope="module")
 def items():
     return json.loads(shared_file("reference", "smollm2-greedy.json").read_text())["items"]
+
+
+@pytest.fixture(scope="module")
+def prompts(items):
+    """The reference prompts (four chat prompts, templated and tokenized as ours are)."""
+    return [list(item["prompt_token_ids"]) for item in items]
 
 
 def test_teacher_forced_logits_and_argmax_agree(engines, items):
@@ -101,11 +105,10 @@ def test_teacher_forced_logits_and_argmax_agree(engines, items):
     assert worst_lp < 0.5, f"chosen-token log-prob differs by {worst_lp:.3f}"
 
 
-def test_free_running_greedy_equal_until_a_near_tie(engines):
-    """Greedy 32 tokens on four chat prompts: the GPU's tokens are the CPU's up to the first
+def test_free_running_greedy_equal_until_a_near_tie(engines, prompts):
+    """Greedy 32 tokens on the reference prompts: the GPU's tokens are the CPU's up to the first
     position where the CPU's own top-2 gap is below NEAR_TIE."""
     cpu, gpu = engines
-    prompts = chat_prompts(cpu, PROMPTS)
     want = [r[0] for r in run_all(cpu, prompts, greedy(32), threaded=False)]
     got = [r[0] for r in run_all(gpu, prompts, greedy(32), threaded=False)]
     report = []
@@ -121,7 +124,7 @@ def test_free_running_greedy_equal_until_a_near_tie(engines):
     print("equal prefix per prompt:", report)
 
 
-def test_seed_moe_batch_mtp_on_gpu_vs_plain_on_cpu(tmp_path):
+def test_seed_moe_batch_mtp_on_gpu_vs_plain_on_cpu(tmp_path, prompts):
     """The report's pack shape (IQ3_S / IQ3_XXS gate-up, Q2_0 / IQ4_NL downs, random weights)
     with --batch-mtp --spec 3 at 4 slots on the GPU: bitwise plain GPU decoding, and plain CPU
     decoding up to a divergence that the backends' measured difference explains."""
@@ -131,7 +134,6 @@ def test_seed_moe_batch_mtp_on_gpu_vs_plain_on_cpu(tmp_path):
     cpu, _ = load_engine(base + ["--device", "cpu"])
     gpu, _ = load_engine(base + ["--device", "cuda"])
     mtp, _ = load_engine(base + ["--device", "cuda", "--mtp", str(pack / "mtp"), "--spec", "3", "--batch-mtp"])
-    prompts = chat_prompts(cpu, PROMPTS)
     want = [r[0] for r in run_all(cpu, prompts, greedy(16), threaded=False)]
     plain = [r[0] for r in run_all(gpu, prompts, greedy(16), threaded=False)]
     got = [r[0] for r in run_all(mtp, prompts, greedy(16), threaded=False)]
