@@ -39,6 +39,9 @@ QUANT_TYPE_NAMES = (
 FLOAT_TYPE_NAMES = ("F32", "F16", "BF16")
 QUANT_TYPES = tuple(BY_NAME[n].id for n in QUANT_TYPE_NAMES)
 FLOAT_TYPES = tuple(BY_NAME[n].id for n in FLOAT_TYPE_NAMES)
+# Types decoded through lut16x8 (4-bit codes into a 16-entry int8 codebook): the kernels
+# (LUT16, generated from this) and the launch rule below both treat them apart.
+LOOKUP_4BIT = tuple(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"))
 
 _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
@@ -65,7 +68,9 @@ def _source() -> str:
 
     files = ("mmvq_common.cuh", "mmvq_decode.cuh", "mmvq_kernels.cuh")
     common, decode, kernels = ((_HERE / f).read_text() for f in files)
-    return common + table_source() + decode + kernels
+    lut16 = " || ".join(f"ID == {t}" for t in LOOKUP_4BIT)
+    lut16 = f"template <int ID> struct LUT16 {{ static constexpr bool YES = {lut16}; }};\n"
+    return common + table_source() + decode + lut16 + kernels
 
 
 def _names(type_id: int) -> list[str]:
@@ -168,10 +173,17 @@ def _resident_warps_of(fn) -> int:
     return attrs["MultiProcessorCount"] * per_sm * WARPS
 
 
-def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1, resident: int | None = None) -> int:
-    """Rows per warp: a multiple of RPW, few enough warps to stay resident in one wave."""
+def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1, resident: int | None = None,
+                   one_column: bool = False) -> int:
+    """Rows per warp: a multiple of RPW, few enough warps to stay resident in one wave; RPW for
+    one column of a decode-heavy type (below)."""
     forced = os.environ.get("STRATA_MMVQ_ROWS_PER_WARP")  # benchmarks only (bench_mmvq.py)
-    per = int(forced) if forced else -(-rows * npairs // (resident or _resident_warps(type_id, name)))
+    if forced:
+        per = int(forced)
+    elif one_column and _decode_heavy(type_id):
+        per = RPW
+    else:
+        per = -(-rows * npairs // (resident or _resident_warps(type_id, name)))
     return max(RPW, -(-per // RPW) * RPW)
 
 
@@ -248,7 +260,7 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True) -> 
     out = []
     for c0, nc, groups in _column_groups(ncols):
         name = f"mmvq<{type_id}, {nc}>"
-        rpw = RPW if nc == 1 and _decode_heavy(type_id) else _rows_per_warp(type_id, name, rows)
+        rpw = _rows_per_warp(type_id, name, rows, one_column=nc == 1)
         out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
 
@@ -260,11 +272,10 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True) -> 
 # 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
 # IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
 LOW_BIT_BYTES_PER_32 = 18  # 4.5 bits per weight: types below it
-LOOKUP_4BIT = frozenset(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"))
 
 
 def _decode_heavy(type_id: int) -> bool:
-    if type_id in FLOAT_TYPES or os.environ.get("STRATA_MMVQ_ROWS_PER_WARP"):
+    if type_id in FLOAT_TYPES:
         return False
     t = type_by_id(type_id)
     return t.type_size * 32 < LOW_BIT_BYTES_PER_32 * t.block_size or type_id in LOOKUP_4BIT
