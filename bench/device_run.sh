@@ -7,21 +7,47 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
+
+# Same-call baselines (session 6): "base" is session 5's strata/ and bench/ and "head" the tree
+# before the change under test, each a `git archive` under .gl/ (ignored, carried); run by path.
+tree() { case $1 in base) echo .gl/base ;; head) echo .gl/base2 ;; *) echo . ;; esac; }
+
+# Decode tok/s of the test model (/tmp/tm.gguf) for each label in $1, then dense-8b and
+# seed-moe-full (synthesized here) for "new" and "base".
+decode_vs_base() {
+  for v in $1; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
+  done
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in dense-8b seed-moe-full; do
+    for v in new base; do
+      python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
+    done
+  done
+}
+
+# The MMVQ table (bench_mmvq.py --types $2 --cols $3) for each label in $1.
+mmvq_vs() {
+  for v in $1; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types $2 --cols $3 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /"
+  done | tee -a $OUT/mmvq.log
+}
+
+T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
 s6l)  # prefetch except the 4-bit lookup types, IQ grids free at 5-8 columns: tests; table vs HEAD (.gl/base2)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head
-  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
-  for v in new head; do
-    d=.; [ $v = head ] && d=.gl/base2
-    python3 $d/bench/bench_mmvq.py --types $T --cols 1,2,4,8 2>&1 | grep -E "^ *(Q|I|M)|copy" | sed "s/^/[$v] /"
-  done | tee $OUT/mmvq.log
+  mmvq_vs "new head" $T6 1,2,4,8
   ;;
 s6k)  # activation blocks loaded before the tile wait (1-2 columns) vs HEAD (.gl/base2), interleaved; mmvq tests
   python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1; tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head
   for v in new head new head; do
-    d=.; [ $v = head ] && d=.gl/base2
+    d=$(tree $v)
     python3 $d/bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K,IQ3_S,Q8_0,Q4_1,Q6_K,Q2_K --cols 1,2 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
     python3 $d/bench/bench_mmvq.py --rows 1536 --k 576 --types Q4_1 --cols 1,2 2>&1 | grep -E "^ *Q" | sed "s/^/[$v] 1536x576 /"
   done | tee $OUT/pre.log
@@ -37,11 +63,7 @@ s6j)  # 1-column occupancy: NARROW_MIN_BLOCKS (register cap) x TILE_MAX (600: on
   ;;
 s6h)  # final, first half: the MMVQ table, this tree vs session 5's kernels (.gl/base); keeps the test model's first half
   cp .models/tm.part1 /tmp/tm.part1
-  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
-  for v in new base; do
-    d=.; [ $v = base ] && d=.gl/base
-    python3 $d/bench/bench_mmvq.py --types $T --cols 1,4,8 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /"
-  done | tee $OUT/mmvq.log
+  mmvq_vs "new base" $T6 1,4,8
   ;;
 s6i)  # final, second half: every GPU test; decode of the test model, dense-8b and seed-moe-full vs session 5's kernels
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
@@ -49,20 +71,7 @@ s6i)  # final, second half: every GPU test; decode of the test model, dense-8b a
       tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py \
       tests/test_cuda_sample.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )|equal prefix|positions" $OUT/tests.log | head -20
-  for v in new base new base; do
-    d=.; [ $v = base ] && d=.gl/base
-    python3 $d/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
-        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
-  done
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
-  for p in dense-8b seed-moe-full; do
-    for v in new base; do
-      d=.; [ $v = base ] && d=.gl/base
-      python3 $d/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
-    done
-  done
+  decode_vs_base "new base new base"
   ;;
 s6g)  # many-column MMVQ held to 128 registers (WIDE_MIN_BLOCKS 4, spills on IQ grids at 8) vs free (1)
   for v in 4 1 4 1; do
@@ -75,11 +84,7 @@ s6f)  # final kernels: GPU tests that need no test model; MMVQ table this tree v
   python3 -m pytest -q tests/test_cuda_backend.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
       tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
-  T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
-  for v in new base; do
-    d=.; [ $v = base ] && d=.gl/base
-    python3 $d/bench/bench_mmvq.py --types $T --cols 1,4,8 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /"
-  done | tee $OUT/mmvq.log
+  mmvq_vs "new base" $T6 1,4,8
   for v in t1200 t1408 t1200 t1408; do
     STRATA_MMVQ_TILE_MAX=${v#t} python3 bench/bench_mmvq.py --types Q4_1,Q5_0,Q5_K --cols 1,4 2>&1 | grep -E "^ *Q" | sed "s/^/[$v] /"
   done | tee $OUT/tile.log
@@ -92,7 +97,7 @@ s6e)  # more chunks per lane per item (STRATA_MMVQ_TILE_MAX / CPL_MAX) on the ty
   ;;
 s6d)  # the test model's matrix shapes at 1 / 4 / 8 columns, this tree vs HEAD's kernels, interleaved
   for v in new base new base; do
-    d=.; [ $v = base ] && d=.gl/base
+    d=$(tree $v)
     for shape in "576 576 Q4_1" "1536 576 Q4_1" "576 1536 Q4_1" "49152 576 Q8_0"; do
       set -- $shape
       python3 $d/bench/bench_mmvq.py --rows $1 --k $2 --types $3 --cols 1,4,8 2>&1 | grep -E "^ *$3 " | sed "s/^/[$v] $1x$2 /"
@@ -101,20 +106,7 @@ s6d)  # the test model's matrix shapes at 1 / 4 / 8 columns, this tree vs HEAD's
   ;;
 s6c)  # decode, this tree vs HEAD's kernels (.gl/base) interleaved: test model x2, then dense-8b and seed-moe-full
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf 2>/dev/null || true
-  for v in new base new base; do
-    d=.; [ $v = base ] && d=.gl/base
-    python3 $d/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
-        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
-  done
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
-  for p in dense-8b seed-moe-full; do
-    for v in new base; do
-      d=.; [ $v = base ] && d=.gl/base
-      python3 $d/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
-    done
-  done
+  decode_vs_base "new base new base"
   ;;
 s6a)  # MMVQ loads through LDS and shared alignment (this tree) vs HEAD's kernels (.gl/base, `git archive`) in one call
   cp .models/tm.part1 /tmp/tm.part1
@@ -122,7 +114,7 @@ s6a)  # MMVQ loads through LDS and shared alignment (this tree) vs HEAD's kernel
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
   T=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,IQ3_XXS,MXFP4
   for v in base new base new; do
-    d=.; [ $v = base ] && d=.gl/base
+    d=$(tree $v)
     python3 $d/bench/bench_mmvq.py --types $T --cols 1,4 2>&1 | grep -vE "^strata" | sed "s/^/[$v] /" | tee -a $OUT/mmvq.log
   done | grep -E "copy|Q4_K|IQ3_S|Q2_0|IQ4_NL|Q2_K|Q4_1|Q8_0|Q4_0|Q6_K|IQ3_XXS|MXFP4"
   ;;
@@ -132,7 +124,7 @@ s6b)  # whole models on the GPU vs the CPU (test_cuda_vs_cpu), window tests; tes
       tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )|equal prefix|positions" $OUT/tests.log | head -20
   for v in new base; do
-    d=.; [ $v = base ] && d=.gl/base
+    d=$(tree $v)
     python3 $d/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
         | tee -a $OUT/engine.log | grep -E "^\|" | sed "s/^/[$v] /"
   done
