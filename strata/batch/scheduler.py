@@ -263,7 +263,6 @@ class Scheduler:
             elif e.wants_logits:
                 rows.append(off + len(e.tokens) - 1)
             off += len(e.tokens)
-        b = self.model.b
         fuse_at, draft_rows, draft_spans = self._fused_rows(entries, fused)
         draft_out = None
         if draft_rows:
@@ -280,21 +279,8 @@ class Scheduler:
                     if s.index in fuse_at:
                         self._mtp_fail(s, "fused_draft", e)
                 fuse_at, draft_rows = {}, []
-        if draft_out is not None:
-            pass  # the hidden states and the rows' argmax came with the fused window
-        elif rows:
-            hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
-            # greedy rows without logprobs need only the argmax: on the GPU that is a few
-            # bytes to copy instead of a vocabulary of floats per row
-            only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
-                              for e in entries if e.kind == "decode" or e.wants_logits)
-            if only_argmax:
-                logits = b.to_host(b.argmax_rows(logits))
-            else:  # sampled rows: drawn on the device where it can, else the rows go to the host
-                ids = self._sample_on_device(entries, logits)
-                logits = b.to_host(ids if ids is not None else logits)
-        else:
-            hidden, logits = self.model.forward(tokens, spans), None
+        if draft_out is None:  # (a fused window brought its hidden states and rows' argmax along)
+            hidden, logits = self._forward(entries, tokens, spans, rows)
         li, off = 0, 0
         for e, sp in zip(entries, spans):
             n = len(e.tokens)
@@ -339,6 +325,21 @@ class Scheduler:
         if start + len(toks) > c:  # a fused slot's draft has seen them all already
             s.hidden_pending.append(h[max(0, c - start):])
         s.tokens_pending.extend(t for i, t in enumerate(toks) if start + i > c)
+
+    def _forward(self, entries: list[_Entry], tokens: np.ndarray, spans: list[Span], rows: list[int]) -> tuple[Any, Any]:
+        """The window's hidden states, and per logit row what the host needs: the argmax of
+        greedy rows without logprobs (a few bytes to copy on the GPU instead of a vocabulary of
+        floats per row), else device-drawn ids where it can, else the rows."""
+        if not rows:
+            return self.model.forward(tokens, spans), None
+        b = self.model.b
+        hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
+        only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
+                          for e in entries if e.kind == "decode" or e.wants_logits)
+        if only_argmax:
+            return hidden, b.to_host(b.argmax_rows(logits))
+        ids = self._sample_on_device(entries, logits)
+        return hidden, b.to_host(ids if ids is not None else logits)
 
     def _after_decode(self, e: _Entry, h: Any, start: int, logits: np.ndarray) -> int:
         """Verify and emit; returns how many of the window's tokens stay in the cache (0 when
