@@ -104,7 +104,6 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
     Prompts from index `sampled_from` on are all sampled (more answers to the same prompts:
     each has its own random stream).
     """
-    rng = np.random.default_rng(seed)
     E = model.cfg.n_embd
     queue = list(enumerate(prompts))
     live: list[_Live] = []
