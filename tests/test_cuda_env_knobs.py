@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from strata.backend.cuda import env_int
+from strata.backend.cuda import env_int, env_switch
 from strata.errors import StrataError
 
 
@@ -21,6 +21,14 @@ def test_env_int(monkeypatch):
         monkeypatch.setenv("STRATA_CUDA_PROMPT_TILE", bad)
         with pytest.raises(StrataError, match=r"^STRATA_CUDA_PROMPT_TILE='.*': expected a whole number >= 1$"):
             env_int("STRATA_CUDA_PROMPT_TILE", 256, 1)
+
+
+def test_env_switch_is_on_unless_zero(monkeypatch):
+    monkeypatch.delenv("STRATA_CUDA_GROUPED", raising=False)
+    assert env_switch("STRATA_CUDA_GROUPED")
+    for value, on in (("0", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("STRATA_CUDA_GROUPED", value)
+        assert env_switch("STRATA_CUDA_GROUPED") is on
 
 
 @pytest.mark.parametrize("flag", ["--train-minutes", "--data-minutes"])

@@ -75,9 +75,9 @@ PROMPT_GEMM_ROWS = 256
 PROMPT_GEMM_MIN_WEIGHT = 1 << 22
 
 
-def grouped_enabled() -> bool:
-    """Grouped experts for wide windows: on unless STRATA_CUDA_GROUPED=0 (benchmarks compare)."""
-    return os.environ.get(GROUPED_ENV, "1") != "0"
+def env_switch(name: str) -> bool:
+    """An on/off switch from the environment: on unless set to 0 (benchmarks compare)."""
+    return os.environ.get(name, "1") != "0"
 
 
 def env_int(name: str, default: int, minimum: int) -> int:
@@ -95,13 +95,6 @@ def env_int(name: str, default: int, minimum: int) -> int:
     return value
 
 
-def prefill_enabled() -> bool:
-    """The prompt path (dequant + GEMM for long prompts' rows): on unless STRATA_CUDA_PREFILL=0."""
-    return os.environ.get(PREFILL_ENV, "1") != "0"
-
-
-def fused_enabled() -> bool:
-    return os.environ.get(FUSED_ENV, "1") != "0"
 
 
 @dataclass
@@ -149,7 +142,7 @@ class CudaBackend(Backend):
         self.xp = cp
         self._mmvq = mmvq
         self._fk = fused_kernels
-        self.fused = fused_enabled() if fused is None else fused
+        self.fused = env_switch(FUSED_ENV) if fused is None else fused
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
         self._q8_memo: tuple[Any, Any] | None = None  # (activations, their Q8Buffer)
@@ -157,14 +150,14 @@ class CudaBackend(Backend):
         self._uploads: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, its blocks on the device)
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
         self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
-        self.prefill = self.fused and prefill_enabled()
+        self.prefill = self.fused and env_switch(PREFILL_ENV)
         self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
         self.prompt_gemm_min_weight = env_int(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT, 0)
         self.prompt_gemm_rows = env_int(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS, 1)
         self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
         self._win_n = 0
-        self.grouped = self.fused and grouped_enabled()
-        self.split_columns = os.environ.get(SPLIT_ENV, "1") != "0"
+        self.grouped = self.fused and env_switch(GROUPED_ENV)
+        self.split_columns = env_switch(SPLIT_ENV)
         self.gqa_min_tokens = env_int(GQA_ENV, GQA_MIN_TOKENS, 1)  # benchmarks compare
         self.gqa_min_heads = GQA_MIN_HEADS
         self._win = None  # the current window's table on the device (fused path)
@@ -177,9 +170,9 @@ class CudaBackend(Backend):
         # attention_kv's merge counters (one per token x head; the kernels leave them zeroed):
         # made here, never during a graph capture
         self._att_counters = cp.zeros(ATT_COUNTERS, dtype=cp.int32) if self.fused else None
-        from strata.backend.cuda_graphs import WindowGraphs, graphs_enabled
+        from strata.backend.cuda_graphs import GRAPHS_ENV, WindowGraphs
 
-        self.graphs = WindowGraphs(self) if self.fused and graphs_enabled() else None
+        self.graphs = WindowGraphs(self) if self.fused and env_switch(GRAPHS_ENV) else None
 
     # ---- weights ----------------------------------------------------------------------
     def _upload(self, src: TensorSource, rows: int) -> Any:

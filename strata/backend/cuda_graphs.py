@@ -20,7 +20,6 @@ STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -31,10 +30,6 @@ GRAPHS_ENV = "STRATA_CUDA_GRAPHS"
 # Windows of up to this many tokens replay graphs: decode and MTP verification windows of up
 # to 8 slots x (1 + 7 drafts) would be 64; prefill chunks are long and run eagerly.
 MAX_GRAPH_TOKENS = 64  # (within graphs, wide windows take MMVQ launches: cuBLAS is not capturable)
-
-
-def graphs_enabled() -> bool:
-    return os.environ.get(GRAPHS_ENV, "1") != "0"
 
 
 @dataclass
