@@ -38,6 +38,27 @@ mmvq_vs() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s7a)  # session 7, first half of the test model; GPU tests of session 6's last mends (scheduler _forward, env_switch)
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_sample.py \
+      tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s7b)  # the draft retrained: requests the target writes itself (greedy answers) + built-ins, prefill apart from decode windows
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  python3 -m strata mtp train --pack /tmp/tm.gguf --out $OUT/smollm2-135m-instruct.mtp.gguf --device cuda --trainer xp \
+      --init strata/mtp/data/smollm2-135m-instruct.mtp.gguf --prompts 994 --answers 2 --self-prompts 20000 --max-new 256 \
+      --slots 64 --data-minutes ${DATA_MIN:-4} --steps 40000 --train-minutes ${TRAIN_MIN:-3} --batch-tokens 4096 --lr 1e-3 \
+      --eval-every 500 --seed 7 --data-cache /tmp/d7 2>&1 | tee $OUT/train.log | cut -c1-220 | grep -vE "step [0-9]*[1-9]0/|step [0-9]*[1-9]/"
+  ;;
+s7c)  # the retrained draft vs the shipped one: every held-out prompt, every --spec and min-p; batch-MTP at 2 and 4 slots
+  for d in new old; do
+    draft=strata/mtp/data/smollm2-135m-instruct.mtp.gguf; [ $d = new ] && draft=.models/new.mtp.gguf
+    python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --draft $draft \
+        $([ $d = old ] && echo "--specs 1,3 --batch-configs 1:0.0") > $OUT/mtp-$d.log 2>&1
+    grep -E "\| all \||\| chat \||^1 slot|^\| [24] |greedy outputs|took" $OUT/mtp-$d.log | sed "s/^/[$d] /"
+  done
+  ;;
 s6l)  # prefetch except the 4-bit lookup types, IQ grids free at 5-8 columns: tests; table vs HEAD (.gl/base2)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1

@@ -38,6 +38,9 @@ def add_arguments(p) -> None:
     t.add_argument("--prompts", type=_positive, default=200, help="built-in prompts the target answers (no --data)")
     t.add_argument("--answers", type=_positive, default=1,
                    help="answers the target writes per built-in prompt; the extra ones are sampled (default 1)")
+    t.add_argument("--self-prompts", type=_positive, default=None, metavar="N",
+                   help="also answer (greedily) N requests the target writes itself from its chat template's "
+                        "user turn: varied prompts without a dataset")
     t.add_argument("--max-new", type=_positive, default=128, help="tokens the target writes per prompt")
     t.add_argument("--slots", type=_positive, default=None,
                    help="sequences generated together per window (default 64 with --device cuda, else 16)")
@@ -69,7 +72,7 @@ def run(args) -> int:
 
     minutes = lambda m: m * 60 if m else None  # noqa: E731
     cfg = TrainConfig(pack=args.pack, out=args.out, steps=args.steps, data=list(args.data), device=args.device,
-                      prompts=args.prompts, answers=args.answers, max_new=args.max_new, slots=args.slots,
+                      prompts=args.prompts, answers=args.answers, self_prompts=args.self_prompts or 0, max_new=args.max_new, slots=args.slots,
                       batch_tokens=args.batch_tokens, lr=args.lr, two_pass=not args.one_pass, passes=args.passes,
                       init=args.init, measure=not args.no_measure, seed=args.seed, data_cache=args.data_cache,
                       held_out_per_kind=args.held_out_per_kind, data_budget_s=minutes(args.data_minutes),

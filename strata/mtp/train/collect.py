@@ -15,6 +15,7 @@ taught the target's distribution logits(h_p).
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,7 +36,8 @@ class Sequence:
 
 
 class _Live:
-    def __init__(self, kind: str, prompt: list[int], cache, greedy: bool, max_new: int, rng):
+    def __init__(self, index: int, kind: str, prompt: list[int], cache, greedy: bool, max_new: int, rng):
+        self.index = index  # the prompt's place in the list: results come back in that order
         self.kind = kind
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
@@ -93,38 +95,55 @@ class _DeviceRows:
         return self.ids[r, :TOP_K], self.vals[r, :TOP_K]
 
 
+def answer_modes(n: int, sample_every: int = 2, sampled_from: int | None = None) -> list[bool]:
+    """Greedy (True) or sampled, per prompt: every `sample_every`-th sampled (0: none), and all
+    from `sampled_from` on."""
+    return [(sample_every <= 0 or i % sample_every != sample_every - 1) and (sampled_from is None or i < sampled_from)
+            for i in range(n)]
+
+
 def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, max_new: int = 160,
              sample_every: int = 2, temperature: float = 0.8, eog: set[int] = frozenset(), seed: int = 0,
              log: Callable[[str], None] = print, time_budget_s: float | None = None,
-             sampled_from: int | None = None) -> list[Sequence]:
+             sampled_from: int | None = None, greedy: list[bool] | None = None,
+             what: str = "answers") -> list[Sequence]:
     """Let the target answer every prompt; one window decodes all live sequences together.
 
     Every `sample_every`-th prompt is sampled (temperature, top-50; 1: all, 0: none), the rest
     greedy: greedy text is what greedy acceptance is measured on, sampled text adds variety.
     Prompts from index `sampled_from` on are all sampled (more answers to the same prompts:
-    each has its own random stream).
+    each has its own random stream). `greedy`, one flag per prompt, overrides both rules.
+
+    Newly admitted prompts are prefilled in a window of their own, so decode windows hold one
+    token per sequence: on the GPU those (up to 64 rows) replay CUDA graphs instead of
+    launching every kernel from Python. Admissions wait for an eighth of the slots to be
+    free, so prompt windows stay rare.
     """
     E = model.cfg.n_embd
-    queue = list(enumerate(prompts))
+    modes = answer_modes(len(prompts), sample_every, sampled_from) if greedy is None else list(greedy)
+    queue = deque(enumerate(prompts))
     live: list[_Live] = []
-    done: list[Sequence] = []
+    done: list[tuple[int, Sequence]] = []
     caches = [model.new_cache(4096, "f16") for _ in range(slots)]
+    admit_batch = max(1, slots // 8)
     t0 = time.perf_counter()
     n_tok, last_log = 0, t0
     while queue or live:
         out_of_time = time_budget_s is not None and time.perf_counter() - t0 > time_budget_s
-        while queue and len(live) < slots and not out_of_time:
-            i, (kind, ids) = queue.pop(0)
+        room = slots - len(live)
+        admit = not out_of_time and (room >= min(admit_batch, len(queue)) or not live)
+        while admit and queue and len(live) < slots:
+            i, (kind, ids) = queue.popleft()
             used = {id(s.cache) for s in live}
             cache = next(c for c in caches if id(c) not in used)
             cache.length = 0
-            greedy = (sample_every <= 0 or i % sample_every != sample_every - 1) and (
-                sampled_from is None or i < sampled_from)
-            live.append(_Live(kind, ids, cache, greedy, max_new, np.random.default_rng([seed, i])))
+            live.append(_Live(i, kind, ids, cache, modes[i], max_new, np.random.default_rng([seed, i])))
         if not live:
             break
+        # prompts just admitted go first, alone; then the decode windows (one token each)
+        window = [s for s in live if len(s.tokens) - s.fed > 1] or live
         spans, toks = [], []
-        for s in live:
+        for s in window:
             new = s.tokens[s.fed :]
             spans.append(Span(s.cache, s.fed, len(new)))
             toks.extend(new)
@@ -137,8 +156,8 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
             logits = model.b.to_host(logits)
         hidden = model.b.to_host(hidden)
         off = 0
-        keep = []
-        for r, (s, sp) in enumerate(zip(live, spans)):
+        keep = [s for s in live if s not in window]
+        for r, (s, sp) in enumerate(zip(window, spans)):
             s.hidden.append(np.asarray(hidden[off : off + sp.count], np.float32))
             off += sp.count
             s.fed += sp.count
@@ -152,16 +171,16 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
             s.tokens.append(nxt)
             n_tok += 1
             if nxt in eog or len(s.tokens) - s.n_prompt >= s.max_new or out_of_time:
-                done.append(s.finish(E))
+                done.append((s.index, s.finish(E)))
             else:
                 keep.append(s)
         live = keep
         now = time.perf_counter()
         if now - last_log > 20:
             last_log = now
-            log(f"strata mtp train: data: {len(done)}/{len(prompts)} answers, {n_tok} tokens generated, "
+            log(f"strata mtp train: data: {len(done)}/{len(prompts)} {what}, {n_tok} tokens generated, "
                 f"{n_tok / (now - t0):.0f} tok/s")
-    return done
+    return [seq for _, seq in sorted(done, key=lambda d: d[0])]  # in prompt order, whatever finished first
 
 
 def prefill_text(model, token_lists: list[list[int]], *, piece: int = 256, batch: int = 8,

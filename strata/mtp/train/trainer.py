@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 
 from strata.errors import StrataError
-from strata.mtp.train.collect import Sequence, generate, prefill_text
+from strata.mtp.train.collect import Sequence, answer_modes, generate, prefill_text
 from strata.mtp.train.export import write_draft
-from strata.mtp.train.prompts import held_out, training_prompts
+from strata.mtp.train.prompts import HELD_OUT, held_out, training_prompts
 from strata.mtp.train.xp_net import PASS_WEIGHT  # loss weight of pass j: PASS_WEIGHT ** (j-1)
 
 
@@ -37,6 +37,7 @@ class TrainConfig:
     device: str = "cpu"  # cpu or cuda: where the draft trains, and the backend the target collects data on
     prompts: int = 200
     answers: int = 1  # answers the target writes per prompt (the extra ones sampled)
+    self_prompts: int = 0  # requests the target writes itself (self_prompts.py), answered greedily
     train_budget_s: float | None = None  # train about this long: the step count is fitted (StepPlan)
     max_new: int = 160
     slots: int | None = None  # sequences generated together per window (None: 64 on cuda, 16 on the CPU)
@@ -224,9 +225,14 @@ def collect_data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequ
     else:
         base = [(k, _chat(core, t)) for k, t in training_prompts(cfg.prompts)]
         # --answers N: N - 1 more answers to every prompt, all sampled (the first set alternates)
-        prompts = base * cfg.answers
-        train = generate(core.model, prompts, slots=_slots(cfg), max_new=cfg.max_new, eog=eog, seed=cfg.seed,
-                         log=log, time_budget_s=cfg.data_budget_s, sampled_from=len(base))
+        work = list(zip(base * cfg.answers, answer_modes(len(base) * cfg.answers, 2, len(base))))
+        budget = cfg.data_budget_s
+        own = _self_prompts(core, cfg, log)
+        if own:  # answered greedily: every request is new, and greedy text is what acceptance measures
+            work = _interleave([(p, True) for p in own], work)
+            budget = None if budget is None else max(budget - (time.perf_counter() - t0), 1.0)
+        train = generate(core.model, [p for p, _ in work], slots=_slots(cfg), max_new=cfg.max_new, eog=eog,
+                         seed=cfg.seed, log=log, time_budget_s=budget, greedy=[g for _, g in work])
     # held-out prompts: greedy answers, teacher-forced acceptance while training
     val = generate(core.model, held, slots=_slots(cfg), max_new=min(cfg.max_new, 96), sample_every=0, eog=eog,
                    log=log, seed=cfg.seed + 1)
@@ -236,6 +242,30 @@ def collect_data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequ
     if not train:
         raise StrataError("strata mtp train: no training text (is --data empty?)")
     return train, val
+
+
+SELF_KIND = "self"  # answers to requests the target wrote itself
+SELF_PROMPT_SHARE = 0.25  # of --data-minutes, at most, for writing the requests
+
+
+def _self_prompts(core, cfg: TrainConfig, log) -> list[tuple[str, list[int]]]:
+    if not cfg.self_prompts:
+        return []
+    from strata.mtp.train.self_prompts import write_prompts
+
+    budget = None if cfg.data_budget_s is None else cfg.data_budget_s * SELF_PROMPT_SHARE
+    texts = write_prompts(core.model, core.tokenizer, core.chat, cfg.self_prompts, slots=_slots(cfg),
+                          seed=cfg.seed + 7, time_budget_s=budget, log=log,
+                          exclude=[t for texts in HELD_OUT.values() for t in texts])
+    return [(SELF_KIND, _chat(core, t)) for t in texts]
+
+
+def _interleave(a: list, b: list) -> list:
+    """a and b merged in proportion, so any prefix (a time budget's cut) holds both; a first."""
+    if not a or not b:
+        return a + b
+    order = sorted([(i / len(a), 0, i) for i in range(len(a))] + [(j / len(b), 1, j) for j in range(len(b))])
+    return [(a, b)[w][i] for _, w, i in order]
 
 
 def _data(core, cfg: TrainConfig, log) -> tuple[list[Sequence], list[Sequence]]:
