@@ -36,6 +36,17 @@ mmvq_vs() {
   done | tee -a $OUT/mmvq.log
 }
 
+# bench_mtp (the test model, all 18 held-out prompts, median of 3) with the retrained draft
+# (.models/new.mtp.gguf, carried), then with the draft shipped at the time (session 7's runs came
+# before it was replaced). $1: options for both, $2: the new draft's, $3: the shipped one's.
+drafts_vs_shipped() {
+  for d in new old; do
+    if [ $d = new ]; then draft=.models/new.mtp.gguf; more=$2; else draft=strata/mtp/data/smollm2-135m-instruct.mtp.gguf; more=$3; fi
+    python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --draft $draft $1 $more > $OUT/mtp-$d.log 2>&1
+    grep -E "\| all \||\| chat \||^1 slot|^\| [24] |greedy outputs|took" $OUT/mtp-$d.log | sed "s/^/[$d] /"
+  done
+}
+
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
 s7a)  # session 7, first half of the test model; GPU tests of session 6's last mends (scheduler _forward, env_switch)
@@ -44,7 +55,7 @@ s7a)  # session 7, first half of the test model; GPU tests of session 6's last m
       tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
-s7b)  # the draft retrained: requests the target writes itself (greedy answers) + built-ins, prefill apart from decode windows
+s7b)  # round 1 (from the draft shipped then, session 4's): requests the target writes itself (greedy answers) + built-ins
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   python3 -m strata mtp train --pack /tmp/tm.gguf --out $OUT/smollm2-135m-instruct.mtp.gguf --device cuda --trainer xp \
       --init strata/mtp/data/smollm2-135m-instruct.mtp.gguf --prompts 994 --answers 2 --self-prompts 20000 --max-new 256 \
@@ -52,12 +63,19 @@ s7b)  # the draft retrained: requests the target writes itself (greedy answers) 
       --eval-every 500 --seed 7 --data-cache /tmp/d7 2>&1 | tee $OUT/train.log | cut -c1-220 | grep -vE "step [0-9]*[1-9]0/|step [0-9]*[1-9]/"
   ;;
 s7c)  # the retrained draft vs the shipped one: every held-out prompt, every --spec and min-p; batch-MTP at 2 and 4 slots
-  for d in new old; do
-    draft=strata/mtp/data/smollm2-135m-instruct.mtp.gguf; [ $d = new ] && draft=.models/new.mtp.gguf
-    python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --per-kind 6 --repeats 3 --draft $draft \
-        $([ $d = old ] && echo "--specs 1,3 --batch-configs 1:0.0") > $OUT/mtp-$d.log 2>&1
-    grep -E "\| all \||\| chat \||^1 slot|^\| [24] |greedy outputs|took" $OUT/mtp-$d.log | sed "s/^/[$d] /"
-  done
+  drafts_vs_shipped "" "" "--specs 1,3 --batch-configs 1:0.0"
+  ;;
+s7d)  # the retrained draft: --spec 1-3 at 1 slot and batch-MTP --spec 1 / 2 at 2 and 4 slots, 128-token answers; the shipped one at --spec 1
+  drafts_vs_shipped "--max-tokens 128" "--specs 1,2,3 --batch-configs 1:0.0,2:0.0" "--specs 1 --batch-configs 1:0.0"
+  ;;
+s7e)  # round 2: fresh requests and answers (seed 8), continuing from round 1's draft at a lower peak rate
+  python3 -m strata mtp train --pack /tmp/tm.gguf --out $OUT/smollm2-135m-instruct.mtp.gguf --device cuda --trainer xp \
+      --init .models/new.mtp.gguf --prompts 994 --answers 2 --self-prompts 20000 --max-new 256 \
+      --slots 64 --data-minutes 4.5 --steps 40000 --train-minutes 3 --batch-tokens 4096 --lr 6e-4 \
+      --eval-every 500 --seed 8 --data-cache /tmp/d8 2>&1 | tee $OUT/train.log | cut -c1-220 | grep -E "acceptance|wrote|data:.*(sequences|written by)|fit"
+  ;;
+s7f)  # round 2's draft: every --spec and min-p at 1 slot, batch-MTP --spec 1 / 2 at 2 and 4 slots, 128-token answers; the shipped one at --spec 1
+  drafts_vs_shipped "--max-tokens 128" "--batch-configs 1:0.0,2:0.0" "--specs 1 --batch-configs 1:0.0"
   ;;
 s6l)  # prefetch except the 4-bit lookup types, IQ grids free at 5-8 columns: tests; table vs HEAD (.gl/base2)
   cp .models/tm.part1 /tmp/tm.part1

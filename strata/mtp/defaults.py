@@ -19,11 +19,12 @@ def default_draft_path() -> Path | None:
 
 
 # MTP for the default model on a backend only where it measures faster than plain decoding.
-# GPU (H200, session 4, the draft trained on the GPU: bench/bench_mtp.py --device cuda): --spec 1
-# at min-p 0 gives 1.14x plain decoding at one slot (--spec 3: 1.07x). Without --batch-mtp MTP
-# runs only while one slot is busy, so concurrent clients keep plain batching (batch-MTP
-# measured 0.86x / 0.84x at 2 / 4 slots). CPU: verification windows cost about one step per
-# token there, so MTP measures slower (docs/MTP.md): not on by default.
+# GPU (H200, session 7's draft, bench/bench_mtp.py --device cuda, 128-token answers): --spec 1 at
+# min-p 0 gives 1.24-1.31x plain decoding at one slot (--spec 2-3 within noise of it, and worse
+# for batch-MTP at 4 slots: 1.0x vs 1.13x). Without --batch-mtp MTP runs only while one slot is
+# busy, so concurrent clients keep plain batching unless they ask for batch-MTP. CPU: a 2-row
+# verification window costs ~1.5 steps there (OpenBLAS mat-vecs per row), so MTP measures
+# 0.95x at --spec 1 and 1.01-1.03x at best, within noise (docs/MTP.md): not on by default.
 DEFAULT_SPEC: dict[str, tuple[int, float]] = {"cuda": (1, 0.0)}
 
 
