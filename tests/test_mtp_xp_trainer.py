@@ -252,6 +252,12 @@ def test_cli_trains_with_the_xp_trainer_without_torch(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("strata: --device cuda: the xp trainer needs CuPy (pip install 'strata[gpu]'); "
                                    "cupy is not installed")
+    proc = _cli(common + ["--out", str(tmp_path / "x.gguf"), "--self-prompts", "8", "--data", str(pack)])
+    assert proc.returncode == 2 and not (tmp_path / "x.gguf").exists()
+    assert proc.stderr.strip() == ("strata: strata mtp train: --self-prompts and --data exclude each other "
+                                   "(--self-prompts makes text for the target to write; --data gives the text)")
+    proc = _cli(common + ["--out", str(tmp_path / "x.gguf"), "--self-prompts", "0"])
+    assert proc.returncode == 2 and "--self-prompts" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_step_plan_fits_the_budget_after_twenty_steps():

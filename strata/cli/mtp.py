@@ -68,6 +68,9 @@ def run(args) -> int:
 
     if args.mtp_command != "train":
         raise StrataError("strata mtp: expected a subcommand: train")
+    if args.self_prompts and args.data:
+        raise StrataError("strata mtp train: --self-prompts and --data exclude each other "
+                          "(--self-prompts makes text for the target to write; --data gives the text)")
     from strata.mtp.train.trainer import TrainConfig, train
 
     minutes = lambda m: m * 60 if m else None  # noqa: E731
