@@ -75,7 +75,8 @@ def run(args) -> int:
 
     minutes = lambda m: m * 60 if m else None  # noqa: E731
     cfg = TrainConfig(pack=args.pack, out=args.out, steps=args.steps, data=list(args.data), device=args.device,
-                      prompts=args.prompts, answers=args.answers, self_prompts=args.self_prompts or 0, max_new=args.max_new, slots=args.slots,
+                      prompts=args.prompts, answers=args.answers, self_prompts=args.self_prompts or 0,
+                      max_new=args.max_new, slots=args.slots,
                       batch_tokens=args.batch_tokens, lr=args.lr, two_pass=not args.one_pass, passes=args.passes,
                       init=args.init, measure=not args.no_measure, seed=args.seed, data_cache=args.data_cache,
                       held_out_per_kind=args.held_out_per_kind, data_budget_s=minutes(args.data_minutes),
