@@ -7,7 +7,9 @@ past the L2 (so each launch reads its weights from HBM); activations pre-quantiz
 graph of LAUNCHES mat-vecs that rotate over the buffers is replayed REPLAYS times, each replay
 timed with CUDA events; time per launch = median replay time / LAUNCHES (graph replay keeps
 Python launch overhead out). Bandwidth = weight bytes / time per launch. The copy reference
-moves a 1 GiB buffer (bytes read + bytes written over time, median of 20). Prints a table.
+moves a 1 GiB buffer (bytes read + bytes written over time, median of 20). The "read" column:
+a kernel that only reads each type's weight bytes, timed the same way (the ceiling a launch
+of that size reaches). Prints a table.
 """
 
 from __future__ import annotations
@@ -62,6 +64,23 @@ def random_weight_buffer(type_id: int, rows: int, k: int, rng) -> cp.ndarray:
     return cp.ascontiguousarray(dev)
 
 
+def graph_seconds(launch, stream) -> float:
+    """Seconds per launch: launch(0..LAUNCHES-1) captured in one CUDA graph, replayed REPLAYS
+    times (median), so Python launch overhead stays out."""
+    with stream:
+        for i in range(2):  # compile, load, warm
+            launch(i)
+        stream.synchronize()
+        stream.begin_capture()
+        for i in range(LAUNCHES):
+            launch(i)
+        graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    times = [event_ms(lambda: graph.launch(stream), stream) for _ in range(REPLAYS)]
+    return statistics.median(times) * 1e-3 / LAUNCHES
+
+
 def time_type(type_id: int, rows: int, k: int, col_counts, rng) -> dict[int, float]:
     t = type_by_id(type_id)
     nbytes = rows * t.row_bytes(k)
@@ -74,22 +93,47 @@ def time_type(type_id: int, rows: int, k: int, col_counts, rng) -> dict[int, flo
         x = cp.asarray(rng.standard_normal((ncols, k)).astype(np.float32))
         act = x if type_id in gpu.FLOAT_TYPES else gpu.quantize_q8_1(x)
         out = cp.empty((ncols, rows), dtype=cp.float32)
-        with stream:
-            for b in bufs[:2]:  # compile, load, warm
-                gpu.mmvq(type_id, b, rows, k, act, out=out)
-            stream.synchronize()
-            stream.begin_capture()
-            for i in range(LAUNCHES):
-                gpu.mmvq(type_id, bufs[i % nbuf], rows, k, act, out=out)
-            graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = [event_ms(lambda: graph.launch(stream), stream) for _ in range(REPLAYS)]
-        per_launch_s = statistics.median(times) * 1e-3 / LAUNCHES
-        result[ncols] = per_launch_s
+        result[ncols] = graph_seconds(lambda i: gpu.mmvq(type_id, bufs[i % nbuf], rows, k, act, out=out), stream)
     del bufs
     cp.get_default_memory_pool().free_all_blocks()
     return result
+
+
+# The most a kernel launch that only reads `nbytes` achieves here: every thread streams 16-byte
+# loads and folds them into a value that is (almost) never written. Launched and timed like the
+# MMVQ kernels (graphs of LAUNCHES, rotating over buffers past the L2), it shows what the
+# launch's ramp and tail leave of the copy bandwidth at that size.
+_READ_SOURCE = r"""
+extern "C" __global__ void read_only(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) {
+    unsigned acc = 0;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {  // four loads in flight per thread
+        const uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride),
+                    d = __ldg(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n16; i += stride) {
+        const uint4 v = __ldg(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+"""
+
+
+def read_only_seconds(nbytes: int) -> float:
+    kernel = cp.RawKernel(_READ_SOURCE, "read_only")
+    n16 = nbytes // 16
+    nbuf = max(3, -(-L2_FLUSH_BYTES // nbytes))
+    bufs = [cp.random.randint(0, 2**31 - 1, n16 * 4, dtype=cp.uint32) for _ in range(nbuf)]
+    out = cp.zeros(1, dtype=cp.uint32)
+    blocks = cp.cuda.Device().attributes["MultiProcessorCount"] * 8  # 2048 threads per SM: full occupancy
+    stream = cp.cuda.Stream(non_blocking=True)
+    secs = graph_seconds(lambda i: kernel((blocks,), (256,), (bufs[i % nbuf], np.uint64(n16), out)), stream)
+    del bufs
+    cp.get_default_memory_pool().free_all_blocks()
+    return secs
 
 
 def main(argv=None) -> int:
@@ -107,8 +151,9 @@ def main(argv=None) -> int:
     dev = cp.cuda.runtime.getDeviceProperties(0)
     copy_gbs = copy_bandwidth()
     print(f"device: {dev['name'].decode()}  copy (read+write): {copy_gbs:.0f} GB/s")
-    print(f"W {args.rows} x {args.k}; time per launch (us) and weight GB/s; % = of copy bandwidth")
-    hdr = f"{'type':8s} {'MB':>7s}" + "".join(f" | {c}col us   GB/s    %" for c in col_counts)
+    print(f"W {args.rows} x {args.k}; time per launch (us) and weight GB/s; % = of copy bandwidth; "
+          "read = a kernel that only reads the same bytes, us and % of copy (the ceiling at that size)")
+    hdr = f"{'type':8s} {'MB':>7s} | read us    % " + "".join(f" | {c}col us   GB/s    %" for c in col_counts)
     print(hdr)
     print("-" * len(hdr))
     rng = np.random.default_rng(0)
@@ -116,7 +161,8 @@ def main(argv=None) -> int:
         t = type_by_id(tid)
         nbytes = args.rows * t.row_bytes(args.k)
         res = time_type(tid, args.rows, args.k, col_counts, rng)
-        line = f"{t.name:8s} {nbytes / 1e6:7.1f}"
+        read_s = read_only_seconds(nbytes)
+        line = f"{t.name:8s} {nbytes / 1e6:7.1f} | {read_s * 1e6:7.1f} {100 * nbytes / read_s / 1e9 / copy_gbs:4.0f}"
         for c in col_counts:
             s = res[c]
             gbs = nbytes / s / 1e9
