@@ -66,6 +66,8 @@ def main() -> int:
                     help='batch-MTP settings to compare at 2 and 4 slots, e.g. "1:0.0,1:0.8,2:0.5" '
                          '(--spec:--spec-min-p; default: the best 1-slot setting)')
     ap.add_argument("--only-batch", action="store_true", help="skip the 1-slot table (plain 1-slot run only)")
+    ap.add_argument("--min-ps", default="", help='--spec-min-p values of the 1-slot table (default "0,0.5,0.8")')
+    ap.add_argument("--batch-slots", default="2,4", help='slot counts of the batch-MTP table ("": no batch table)')
     ap.add_argument("--specs", default="", help='--spec values of the 1-slot table, e.g. "1,3" (default 1..4)')
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed runs of every measurement; tok/s from the median time (shared, noisy machines)")
@@ -102,7 +104,7 @@ def main() -> int:
     plain_tps = sum(b.tokens for b in base.values()) / sum(b.seconds for b in base.values())
 
     specs = [] if a.only_batch else [int(k) for k in a.specs.split(",")] if a.specs else [3] if a.quick else [1, 2, 3, 4]
-    min_ps = [0.0, 0.5] if a.quick else [0.0, 0.5, 0.8]
+    min_ps = [float(m) for m in a.min_ps.split(",")] if a.min_ps else [0.0, 0.5] if a.quick else [0.0, 0.5, 0.8]
     print("acceptance, per position: over windows that drafted (position j counts a window when drafts 1..j "
           "were all accepted); given previous: position j's rate among windows whose drafts 1..j-1 were "
           "accepted; tokens/window: drafting windows (all decode windows in brackets)\n")
@@ -143,7 +145,7 @@ def main() -> int:
     configs = configs or ([best[1:]] if best is not None else [(1, 0.0)])
     print("\n| slots | --spec | min-p | plain batching tok/s | batch-MTP tok/s | speed-up | tokens/window | lossless |")
     print("|---|---|---|---|---|---|---|---|")
-    for n in (2, 4):
+    for n in [int(n) for n in a.batch_slots.split(",") if n]:
         pl = load_core(a.pack, None, 0, parallel=n, **dev)
         warm(pl, allp, n)
         r0 = timed(pl, allp, n)

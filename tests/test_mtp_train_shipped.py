@@ -15,12 +15,13 @@ from strata.mtp.defaults import default_draft_path
 from strata.mtp.train.measure import chat_ids, load_core, run_prompts
 from strata.mtp.train.prompts import HELD_OUT, training_prompts
 
-# Floors under what the shipped draft measures on these prompts (docs/MTP.md) and above the
-# drafts it replaced, so they catch a broken or stale draft (a random draft accepts ~0; the
-# session-2 draft measures 0.30 and 1.36 here, session 4's 0.515 and 1.82) without flaking on
-# rounding (one token more or less moves tokens per window by ~0.03 here).
-MIN_FIRST_POSITION = 0.45  # acceptance of the first draft, greedy, --spec 3 (measured 0.557)
-MIN_TOKENS_PER_WINDOW = 1.85  # measured 1.97
+# Floors under what the shipped draft measures on these prompts (docs/MTP.md), so they catch a
+# broken draft, a lost vocabulary or a stale one of session 2's level (a random draft accepts
+# ~0; the session-2 draft measures 0.30 and 1.36 here) without flaking on rounding (one token
+# more or less moves tokens per window by ~0.03). Session 4's draft (0.515, 1.82 with the full
+# head) is too close to the shipped one on 4 prompts to be told apart here: bench_mtp does that.
+MIN_FIRST_POSITION = 0.45  # acceptance of the first draft, greedy, --spec 3 (measured 0.571; full head 0.557)
+MIN_TOKENS_PER_WINDOW = 1.75  # measured 1.90 (full head 1.97)
 TEXTS = [HELD_OUT["chat"][0], HELD_OUT["chat"][2], HELD_OUT["code"][0], HELD_OUT["lists"][0]]
 MAX_TOKENS = 32
 
@@ -86,6 +87,7 @@ def test_sampling_with_shipped_draft_keeps_target_distribution(draft):
     from tests.test_mtp_sampling import chi2_p_value
 
     core = load_core(None, str(draft), 1)
+    assert core.draft.head_subset is not None  # drafting over the draft's vocabulary (the CPU's narrowed head)
     prompt = core.tokenizer.encode("Once upon a time", add_special=False)
     params = SamplingParams(max_tokens=2, temperature=1.0, top_k=3)
     m = core.model

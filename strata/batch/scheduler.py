@@ -55,6 +55,11 @@ class SchedulerConfig:
     spec_min_p: float = 0.0
     batch_mtp: bool = False
     fused_drafts: bool = False  # --spec 1 greedy windows draft the next one (fused_window.py)
+    # No MTP for sampled requests that carry a seed (the default model's automatic MTP): such a
+    # request then draws exactly plain decoding's tokens for its seed, whatever shares its
+    # windows (a slot drafts only while it is alone, and speculative sampling draws its
+    # randomness differently). Greedy and unseeded requests draft as usual.
+    plain_for_seeded: bool = False
 
 
 FUSED_DRAFTS_ENV = "STRATA_MTP_FUSED"
@@ -182,7 +187,8 @@ class Scheduler:
         s.rng = np.random.default_rng(p.seed)
         s.output = TextOutput(self.tok.token_bytes, list(p.stop))
         s.mtp_admitted = False
-        if self.proposer is not None and s.mtp_failed is None:
+        seeded_sample = not is_greedy(p) and p.seed is not None
+        if self.proposer is not None and s.mtp_failed is None and not (seeded_sample and self.cfg.plain_for_seeded):
             try:  # MTP admission: the slot's private draft state
                 self.faults.check("mtp-admit", s.index)
                 self.proposer.admit(s)

@@ -22,8 +22,11 @@ def _minutes(value: str) -> float:
     return m
 
 
+DEFAULT_VOCAB = 8192  # tokens in a draft vocabulary (`strata mtp vocab`, `--draft-vocab`)
+
+
 def add_arguments(p) -> None:
-    sub = p.add_subparsers(dest="mtp_command", metavar="train")
+    sub = p.add_subparsers(dest="mtp_command", metavar="train|vocab")
     t = sub.add_parser("train", help="self-distil a draft (docs/MTP.md format) from the target pack")
     t.add_argument("--pack", default=None, help="target pack (default: the bundled SmolLM2-135M-Instruct)")
     t.add_argument("--out", required=True, help="draft GGUF to write (load it with --mtp)")
@@ -60,14 +63,35 @@ def add_arguments(p) -> None:
                    help="keep collected data in PREFIX.train.npz / PREFIX.val.npz and reuse it when present")
     t.add_argument("--held-out-per-kind", type=_positive, default=None,
                    help="held-out prompts per kind for acceptance while training (default: all)")
+    t.add_argument("--draft-vocab", type=_positive, default=None, metavar="N",
+                   help="also store the N tokens the target wrote most as the draft's vocabulary (mtp.vocab): "
+                        "the CPU then computes the draft's head on those only")
     t.add_argument("--seed", type=int, default=0)
+
+    v = sub.add_parser("vocab", help="give a draft a vocabulary: the tokens its target writes most (mtp.vocab)")
+    v.add_argument("--draft", required=True, help="the draft GGUF to copy")
+    v.add_argument("--out", required=True, help="the copy to write, with mtp.vocab")
+    v.add_argument("--pack", default=None, help="the draft's target (default: the bundled SmolLM2-135M-Instruct)")
+    v.add_argument("--size", type=_positive, default=DEFAULT_VOCAB, help=f"tokens to keep (default {DEFAULT_VOCAB})")
+    v.add_argument("--prompts", type=_positive, default=200, help="built-in prompts the target answers for the count")
+    v.add_argument("--self-prompts", type=_positive, default=200, metavar="N",
+                   help="requests the target writes itself and answers for the count (default 200)")
+    v.add_argument("--max-new", type=_positive, default=128, help="tokens the target writes per answer")
+    v.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the backend the target writes on")
+    v.add_argument("--slots", type=_positive, default=None, help="answers written together per window")
+    v.add_argument("--seed", type=int, default=0)
 
 
 def run(args) -> int:
     from strata.errors import StrataError
 
+    if args.mtp_command == "vocab":
+        from strata.mtp.train.vocab import vocab_from_answers
+
+        vocab_from_answers(args, log=lambda line: print(line, flush=True))
+        return 0
     if args.mtp_command != "train":
-        raise StrataError("strata mtp: expected a subcommand: train")
+        raise StrataError("strata mtp: expected a subcommand: train or vocab")
     if args.self_prompts and args.data:
         raise StrataError("strata mtp train: --self-prompts and --data exclude each other "
                           "(--self-prompts makes text for the target to write; --data gives the text)")
@@ -81,6 +105,6 @@ def run(args) -> int:
                       init=args.init, measure=not args.no_measure, seed=args.seed, data_cache=args.data_cache,
                       held_out_per_kind=args.held_out_per_kind, data_budget_s=minutes(args.data_minutes),
                       train_budget_s=minutes(args.train_minutes), engine=args.trainer,
-                      eval_every=args.eval_every)
+                      eval_every=args.eval_every, draft_vocab=args.draft_vocab or 0)
     train(cfg, log=lambda line: print(line, flush=True))
     return 0

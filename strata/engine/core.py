@@ -73,6 +73,7 @@ class EngineCore:
             log(w)
         pack_arg = opts.pack
         mtp_arg = opts.mtp
+        auto_mtp = False  # MTP turned on by DEFAULT_SPEC (not for seeded sampled requests), not by the user
         backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads)
         self.backend = backend
         if pack_arg is None and opts.native is None:
@@ -84,8 +85,10 @@ class EngineCore:
                 spec, min_p = auto
                 opts = dataclasses.replace(opts, spec=spec, spec_min_p=opts.spec_min_p if min_p is None else min_p)
                 self.opts = opts
-                log(f"strata mtp: default model on {backend.name}: MTP on with the shipped draft "
-                    f"(--spec {opts.spec} --spec-min-p {opts.spec_min_p}; --spec 0 turns it off)")
+                auto_mtp = True
+                log(f"strata mtp: default model on {backend.name}: MTP on with the shipped draft, except for "
+                    f"sampled requests with a seed (--spec {opts.spec} --spec-min-p {opts.spec_min_p}; --spec K "
+                    f"drafts for those too, --spec 0 turns it off)")
             if mtp_arg is None and opts.spec > 0:  # the default model comes with a trained draft
                 shipped = default_draft_path()
                 mtp_arg = str(shipped) if shipped is not None else None
@@ -133,7 +136,7 @@ class EngineCore:
             SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
                             prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
                             spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
-                            fused_drafts=fused),
+                            fused_drafts=fused, plain_for_seeded=auto_mtp),
             proposer=proposer, slot_batch_mtp=slot_caps, log=log)
         return self
 

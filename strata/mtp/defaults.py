@@ -2,7 +2,7 @@
 
 Made by `strata mtp train` (how: docs/MTP.md). The engine uses it when no --pack is given,
 --spec K > 0 and no --mtp is named; and by default on a backend where `DEFAULT_SPEC` says
-it measured faster (the GPU at present).
+it measured faster (the GPU and, with the draft's narrowed head, the CPU).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ def default_draft_path() -> Path | None:
 # MTP for the default model on a backend only where it measures faster than plain decoding.
 # GPU (H200, session 7's draft, bench/bench_mtp.py --device cuda, 128-token answers): --spec 1 at
 # min-p 0 gives 1.24-1.31x plain decoding at one slot (--spec 2-3 within noise of it, and worse
-# for batch-MTP at 4 slots: 1.0x vs 1.13x). Without --batch-mtp MTP runs only while one slot is
-# busy, so concurrent clients keep plain batching unless they ask for batch-MTP. CPU: a 2-row
-# verification window costs ~1.5 steps there (OpenBLAS mat-vecs per row), so MTP measures
-# 0.95x at --spec 1 and 1.01-1.03x at best, within noise (docs/MTP.md): not on by default.
-DEFAULT_SPEC: dict[str, tuple[int, float]] = {"cuda": (1, 0.0)}
+# for batch-MTP at 4 slots: 1.0x vs 1.13x). CPU (2-core machine, session 7): 1.05-1.12x at
+# --spec 1, since the draft's head is narrowed to its vocabulary there (0.92-0.99x with the
+# full head; a 2-row verification window still costs ~1.5 steps). Without --batch-mtp MTP runs
+# only while one slot is busy, so concurrent clients keep plain batching unless they ask for
+# batch-MTP. Numbers and method: docs/MTP.md.
+DEFAULT_SPEC: dict[str, tuple[int, float]] = {"cuda": (1, 0.0), "cpu": (1, 0.0)}
 
 
 def default_spec(backend: str, given_flags: tuple[str, ...],

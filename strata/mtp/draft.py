@@ -39,6 +39,24 @@ _NEXTN_NAMES = {
 }
 
 
+VOCAB_TENSOR = "mtp.vocab"  # optional, I32 [N]: the tokens the draft may propose (docs/MTP.md)
+
+
+def draft_vocab(src: DraftSource, n_vocab: int) -> np.ndarray | None:
+    """The draft's vocabulary (ascending token ids), or None when it may propose any token."""
+    t = src.get(VOCAB_TENSOR)
+    if t is None:
+        return None
+    where = f"{src.label}: {VOCAB_TENSOR}"
+    if t.ggml_type != 26 or len(t.shape) != 1:  # 26: I32
+        raise StrataError(f"{where}: expected a 1-D I32 tensor of token ids")
+    ids = np.frombuffer(np.asarray(t.data()).tobytes(), dtype="<i4").astype(np.int64)
+    if ids.size == 0 or ids[0] < 0 or ids[-1] >= n_vocab or np.any(np.diff(ids) <= 0):
+        raise StrataError(f"{where}: expected distinct token ids in ascending order, each below the "
+                          f"target's vocabulary of {n_vocab}")
+    return ids
+
+
 class DraftSource:
     """Where a draft's tensors come from: a separate GGUF (`mtp.*`) or nextn tensors in the pack."""
 
@@ -105,6 +123,12 @@ class DraftModel:
         self.output_norm = backend.vector(need("output_norm", (E,)))
         self.block = load_block(backend, self.cfg, src.get, src.block_prefix)
         self.runner = BlockRunner(backend, self.cfg)
+        # A draft vocabulary narrows the shared head to its tokens where the backend asks for it
+        # (the CPU, where the head is ~20% of a target step; on the GPU it is a few us of a
+        # window and the full head stays). Verification is exact whatever the draft proposes.
+        self.vocab = draft_vocab(src, target.n_vocab)
+        self.head_subset = (backend.head_columns(target.output, self.vocab)
+                            if self.vocab is not None and backend.NARROW_DRAFT_HEAD else None)
 
     def new_cache(self, max_ctx: int, kind: str) -> KVCache:
         c = self.cfg
@@ -139,18 +163,28 @@ class DraftModel:
         advance(spans)
         return out
 
+    def head(self, normed: Any) -> Any:
+        """Logits of the draft's rows through the shared output head: all of them, or (a
+        narrowed head) its vocabulary's, the other tokens at -inf so they are never proposed."""
+        if self.head_subset is None:
+            return self.target.logits(normed)
+        xp = self.b.xp
+        full = xp.full((normed.shape[0], self.target.n_vocab), -xp.inf, dtype=xp.float32)
+        full[:, self.vocab] = self.b.linear(self.head_subset, normed)
+        return full
+
     def step(self, cache: KVCache, tokens: Any, hidden: Any):
         """Append draft entries for `tokens` (m,) with main hiddens `hidden` (m, E) (h_{p-1} per x_p).
 
         Returns (draft hidden (m, E), logits (m, vocab)) for every row.
         """
         normed = self.b.rms_norm(self._run([(cache, tokens, hidden)]), self.output_norm, self.cfg.rms_eps)
-        return normed, self.target.logits(normed)
+        return normed, self.head(normed)
 
     def last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span], full: bool = True):
         out = self._block_out(tokens, hidden, spans)
         normed = self.b.rms_norm(out[ends], self.output_norm, self.cfg.rms_eps)
-        logits = self.target.logits(normed)
+        logits = self.head(normed)
         return (normed, logits) if full else (normed, *self.b.top_rows(logits))
 
     def step_last(self, items: list[tuple[KVCache, Any, Any]], full: bool = True):

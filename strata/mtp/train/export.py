@@ -14,6 +14,7 @@ from strata.gguf.constants import ValueType as V
 from strata.gguf.writer import GGUFWriter
 from strata.kernels.ggml_types import BY_NAME
 from strata.kernels.quantize import quantize_q8_0
+from strata.mtp.draft import VOCAB_TENSOR
 
 MTP_ARCH = "strata-mtp"
 TOP_LEVEL = ("enorm", "hnorm", "eh_proj", "output_norm")  # mtp.<role>.weight; the rest is mtp.blk.<role>.weight
@@ -25,8 +26,9 @@ def tensor_name(role: str) -> str:
 
 def write_draft(path: str | Path, weights: dict[str, np.ndarray], *, target_arch: str, n_embd: int,
                 name: str = "MTP draft", extra_metadata: dict[str, str] | None = None,
-                matrix_type: str = "Q8_0") -> Path:
-    """weights: role -> float32 array, matrices (out, in) as torch/numpy hold them."""
+                matrix_type: str = "Q8_0", vocab: np.ndarray | None = None) -> Path:
+    """weights: role -> float32 array, matrices (out, in) as torch/numpy hold them; vocab: the
+    draft's vocabulary (ascending token ids, `mtp.vocab`) or None."""
     w = GGUFWriter(path)
     w.add_metadata("general.architecture", MTP_ARCH, V.STRING)
     w.add_metadata("general.name", name, V.STRING)
@@ -44,4 +46,6 @@ def write_draft(path: str | Path, weights: dict[str, np.ndarray], *, target_arch
             w.add_tensor(tensor_name(role), BY_NAME["F16"].id, ne, a.astype("<f2"))
         else:
             w.add_tensor(tensor_name(role), BY_NAME["F32"].id, ne, a)
+    if vocab is not None:
+        w.add_tensor(VOCAB_TENSOR, BY_NAME["I32"].id, (int(vocab.size),), np.asarray(vocab, "<i4"))
     return w.write()

@@ -38,6 +38,7 @@ class TrainConfig:
     prompts: int = 200
     answers: int = 1  # answers the target writes per prompt (the extra ones sampled)
     self_prompts: int = 0  # requests the target writes itself (self_prompts.py), answered greedily
+    draft_vocab: int = 0  # > 0: store the tokens the target wrote most as the draft's vocabulary (vocab.py)
     train_budget_s: float | None = None  # train about this long: the step count is fitted (StepPlan)
     max_new: int = 160
     slots: int | None = None  # sequences generated together per window (None: 64 on cuda, 16 on the CPU)
@@ -578,8 +579,17 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     how = (f"self-distilled: {len(train_seqs)} sequences ({'--data' if cfg.data else 'target-generated'}), "
            f"{steps} steps of ~{cfg.batch_tokens} tokens, data {t_data:.0f} s, training {t_fit:.0f} s"
            + (f"; {cfg.note}" if cfg.note else ""))
+    vocab, extra = None, {"training": how}
+    if cfg.draft_vocab:
+        from strata.mtp.train.vocab import answer_token_counts, choose_vocab, coverage
+
+        counts = answer_token_counts(train_seqs, core.model.n_vocab)
+        vocab = choose_vocab(counts, cfg.draft_vocab, getattr(core.tokenizer, "eog_ids", ()) or ())
+        extra["vocabulary"] = (f"the {vocab.size} tokens the target wrote most in the training text "
+                               f"({100 * coverage(counts, vocab):.1f}% of it)")
+        log(f"strata mtp train: draft vocabulary: {extra['vocabulary']}")
     out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
-                      name=f"{mc.name} MTP draft", extra_metadata={"training": how})
+                      name=f"{mc.name} MTP draft", extra_metadata=extra, vocab=vocab)
     log(f"strata mtp train: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {how}")
     if cfg.measure:
         from strata.mtp.train.measure import load_core, run_prompts
