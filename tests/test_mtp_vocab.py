@@ -114,6 +114,16 @@ def test_cli_writes_a_vocabulary_and_refuses_a_bad_draft(tmp_path):
     assert 64 <= f.tensors[VOCAB_TENSOR].shape[0] <= 66  # 64 + the end-of-generation ids
     assert "training text" in f.metadata["strata-mtp.vocabulary"]
     f.close()
+    # continuing from a draft with a vocabulary: the vocabulary is no weight to train
+    again = tmp_path / "again.gguf"
+    cont = subprocess.run(base + ["train", "--pack", str(pack), "--out", str(again), "--steps", "1", "--prompts", "4",
+                                  "--max-new", "8", "--slots", "4", "--batch-tokens", "256", "--held-out-per-kind", "1",
+                                  "--no-measure", "--trainer", "xp", "--init", str(draft)],
+                          capture_output=True, text=True, timeout=300)
+    assert cont.returncode == 0, cont.stderr + cont.stdout
+    f = GGUFFile(again)
+    assert VOCAB_TENSOR not in f.tensors and not any("vocab" in n for n in f.tensors)
+    f.close()
     out = tmp_path / "v.gguf"
     proc = subprocess.run(base + ["vocab", "--draft", str(draft), "--out", str(out), "--pack", str(pack), "--size", "32",
                                   "--prompts", "4", "--self-prompts", "2", "--max-new", "8", "--slots", "4"],

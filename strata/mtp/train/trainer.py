@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from strata.errors import StrataError
+from strata.mtp.draft import VOCAB_TENSOR
 from strata.mtp.train.collect import Sequence, answer_modes, generate, prefill_text
 from strata.mtp.train.export import write_draft
 from strata.mtp.train.prompts import HELD_OUT, held_out, training_prompts
@@ -181,7 +182,8 @@ def draft_weights(path: str) -> dict[str, np.ndarray]:
         if "mtp.eh_proj.weight" not in f.tensors:
             raise StrataError(f"--init {path}: not an MTP draft (mtp.eh_proj.weight is missing)")
         return {name.removeprefix("mtp.").removeprefix("blk.").removesuffix(".weight"):
-                dequantize_source(t).astype(np.float32) for name, t in f.tensors.items()}
+                dequantize_source(t).astype(np.float32) for name, t in f.tensors.items()
+                if name != VOCAB_TENSOR}  # a vocabulary is no weight: --draft-vocab makes a new one
     finally:
         f.close()
 
