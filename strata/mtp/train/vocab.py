@@ -76,6 +76,8 @@ def vocab_from_answers(args, log=print) -> Path:
     from strata.mtp.train.trainer import TrainConfig, collect_data, load_target
 
     GGUFFile(args.draft).close()  # a missing or broken draft fails before any work
+    inner = log
+    log = lambda line: inner(line.replace("strata mtp train:", "strata mtp vocab:", 1))  # noqa: E731 (shared stages)
     core = load_target(args.pack, log, args.device)
     cfg = TrainConfig(pack=args.pack, out=args.out, device=args.device, prompts=args.prompts,
                       self_prompts=args.self_prompts, max_new=args.max_new, slots=args.slots, seed=args.seed,
