@@ -12,17 +12,24 @@ from __future__ import annotations
 import argparse
 import time
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from strata.backend.cpu import CpuBackend, DenseWeight  # noqa: E402
+
+_CPU = CpuBackend()
 
 # (in, out) of SmolLM2-135M: q / o, k / v, gate+up (fused), down, the output head
 SHAPES = [(576, 576), (576, 192), (576, 3072), (1536, 576), (576, 49152)]
 
 
 def rowwise(x, wt):
-    out = np.empty((x.shape[0], wt.shape[1]), np.float32)
-    for j in range(x.shape[0]):
-        np.matmul(x[j : j + 1], wt, out=out[j : j + 1])
-    return out
+    """What the CPU backend does for a window of up to ROWWISE_MAX rows."""
+    return _CPU.linear(DenseWeight(wt, ("w",), (0,)), x)
 
 
 def blocked(x, wt, width):

@@ -48,19 +48,18 @@ class Backend(ABC):
     # prompts of at least this many tokens have their rows multiplied by the backend's prompt
     # path (Span.long_prompt); None: one path for every row
     long_prompt_tokens: int | None = None
-    # whether an MTP draft with a vocabulary (mtp.vocab) computes the shared head on those
-    # tokens only: worth it where the head is a large part of a step (the CPU)
-    NARROW_DRAFT_HEAD = False
 
     # ---- weights -------------------------------------------------------------------
     @abstractmethod
     def linear_weight(self, sources: Sequence[TensorSource]) -> Any:
         """A 2-D weight (or several with one row length, fused along the output rows)."""
 
-    def head_columns(self, w: Any, ids: np.ndarray) -> Any:
-        """The weight `w` restricted to the outputs `ids` (a narrowed draft head); a backend
-        with NARROW_DRAFT_HEAD provides it."""
-        raise NotImplementedError(f"{self.name}: no narrowed heads")
+    def head_columns(self, w: Any, ids: np.ndarray) -> Any | None:
+        """The weight `w` restricted to the outputs `ids`, for an MTP draft with a vocabulary
+        (mtp.vocab) to compute the shared head on those tokens only; None where the full head
+        is cheap enough to keep (here by default: worth it only where the head is a large part
+        of a step, the CPU)."""
+        return None
 
     @abstractmethod
     def expert_weight(self, source: TensorSource) -> Any:

@@ -92,8 +92,6 @@ class CpuBackend(Backend):
 
     # The draft's head over its vocabulary only: the 49k-row head is ~20% of a step here, and a
     # verification window runs it once per drafted token.
-    NARROW_DRAFT_HEAD = True
-
     def head_columns(self, w: DenseWeight, ids: np.ndarray) -> DenseWeight:
         return DenseWeight(np.ascontiguousarray(w.wt[:, ids]), w.names, w.type_ids)
 

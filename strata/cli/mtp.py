@@ -22,7 +22,7 @@ def _minutes(value: str) -> float:
     return m
 
 
-DEFAULT_VOCAB = 8192  # tokens in a draft vocabulary (`strata mtp vocab`, `--draft-vocab`)
+DEFAULT_VOCAB = 16384  # tokens in a draft vocabulary (`strata mtp vocab`): the shipped draft's size
 
 
 def add_arguments(p) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from strata.backend.base import Backend
 from strata.errors import StrataError
+from strata.kernels.ggml_types import BY_NAME
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
 from strata.model.transformer import BlockRunner, Span, Transformer, _expect, advance, load_block
@@ -48,7 +49,7 @@ def draft_vocab(src: DraftSource, n_vocab: int) -> np.ndarray | None:
     if t is None:
         return None
     where = f"{src.label}: {VOCAB_TENSOR}"
-    if t.ggml_type != 26 or len(t.shape) != 1:  # 26: I32
+    if t.ggml_type != BY_NAME["I32"].id or len(t.shape) != 1:
         raise StrataError(f"{where}: expected a 1-D I32 tensor of token ids")
     ids = np.frombuffer(np.asarray(t.data()).tobytes(), dtype="<i4").astype(np.int64)
     if ids.size == 0 or ids[0] < 0 or ids[-1] >= n_vocab or np.any(np.diff(ids) <= 0):
@@ -127,8 +128,7 @@ class DraftModel:
         # (the CPU, where the head is ~20% of a target step; on the GPU it is a few us of a
         # window and the full head stays). Verification is exact whatever the draft proposes.
         self.vocab = draft_vocab(src, target.n_vocab)
-        self.head_subset = (backend.head_columns(target.output, self.vocab)
-                            if self.vocab is not None and backend.NARROW_DRAFT_HEAD else None)
+        self.head_subset = backend.head_columns(target.output, self.vocab) if self.vocab is not None else None
 
     def new_cache(self, max_ctx: int, kind: str) -> KVCache:
         c = self.cfg

@@ -18,7 +18,7 @@ import numpy as np
 
 from strata.gguf.constants import ValueType as V
 from strata.gguf.reader import GGUFFile
-from strata.gguf.writer import GGUFWriter
+from strata.gguf.writer import write_gguf
 from strata.kernels.ggml_types import BY_NAME
 from strata.mtp.draft import VOCAB_TENSOR
 from strata.mtp.train.collect import Sequence
@@ -57,15 +57,14 @@ def with_vocab(draft: str | Path, ids: np.ndarray, out: str | Path, note: str | 
     given a note, how it was chosen."""
     src = GGUFFile(draft)
     try:
-        w = GGUFWriter(out)
-        w.add_all_metadata(src.metadata, src.metadata_types)
+        metadata, types = dict(src.metadata), dict(src.metadata_types)
         if note is not None:
-            w.add_metadata(VOCAB_NOTE_KEY, note, V.STRING)
-        for name, t in src.tensors.items():
-            if name != VOCAB_TENSOR:
-                w.add_tensor(name, t.ggml_type, t.shape, np.array(t.data()))
-        w.add_tensor(VOCAB_TENSOR, BY_NAME["I32"].id, (int(ids.size),), np.asarray(ids, "<i4"))
-        return w.write()
+            metadata[VOCAB_NOTE_KEY], types[VOCAB_NOTE_KEY] = note, V.STRING
+        # copies: `out` may be `draft` itself
+        tensors = [(name, t.ggml_type, t.shape, np.array(t.data())) for name, t in src.tensors.items()
+                   if name != VOCAB_TENSOR]
+        tensors.append((VOCAB_TENSOR, BY_NAME["I32"].id, (int(ids.size),), np.asarray(ids, "<i4")))
+        return write_gguf(out, metadata, tensors, types)
     finally:
         src.close()
 
