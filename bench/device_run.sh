@@ -540,6 +540,15 @@ d)  # the test model: engine bench, GPU vs CPU vs llama.cpp, MTP with the shippe
   python3 bench/gpu_engine_check.py --model /tmp/tm.gguf --ref .models/smollm2-greedy.json 2>&1 | tail -12 | tee $OUT/check.log
   python3 bench/bench_mtp.py --pack /tmp/tm.gguf --device cuda --quick --per-kind 2 2>&1 | tee $OUT/mtp.log
   ;;
+s8a)  # session 8: leaner MMVQ streaming, one-scale dot, pair-order lookups; vs the tree before (.gl/base2)
+  python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  mmvq_vs "head new" Q4_K,IQ3_S,Q2_0,IQ4_NL,IQ3_XXS,Q8_0,Q4_0 1,4
+  for v in head new; do
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 \
+        | grep -vE "^strata" | sed "s/^/[$v big] /"
+  done | tee -a $OUT/mmvq.log
+  ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py 2>&1 | tail -15 | tee $OUT/tests.log

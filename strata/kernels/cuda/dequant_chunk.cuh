@@ -5,8 +5,7 @@
 // tests/test_cuda_prefill.py. Quantized types reuse the MMVQ chunk decoders (TypeOf<ID>::decode),
 // so the weights a prefill GEMM sees are the ones the mat-vec kernels multiply:
 //     value = sc[half] * (code + IOFF)  (+ mn[half] for MIN types)
-// with codes in bit-plane order for PLANES types (int 4h+s of the chunk holds weights
-// 16h + 4j + s, j = byte). The two operations are spelled __fmul_rn / __fadd_rn so no
+// with codes in the type's order (code_weight in mmvq_decode.cuh). The two operations are spelled __fmul_rn / __fadd_rn so no
 // compiler contraction to FMA changes the rounding: the results equal strata.kernels.dequant
 // bit for bit (its numpy code multiplies, then adds, in float32).
 
@@ -26,7 +25,7 @@ template <int ID> struct Dequant {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int code = (int)(i8)((r.q[i] >> (8 * j)) & 0xFF);
-                const int w = T::PLANES ? 16 * h + 4 * j + (i & 3) : 4 * i + j;
+                const int w = code_weight(T::ORDER, i, j);
                 float v = __fmul_rn(r.sc[h], (float)(code + T::IOFF));
                 if (T::MIN) v = __fadd_rn(v, r.mn[h]);
                 dst[w] = v;

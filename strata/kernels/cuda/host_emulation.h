@@ -35,13 +35,6 @@ static inline u32 apply_signs(u32 g,u32 m){ return (g^m)+(m&0x01010101u); }
 static inline u32 ksigns(u32 s7){ return s7 | ((__popc(s7)&1u)<<7); }
 static inline u32 lut16(u32 x,u32 t0,u32 t1,u32 t2,u32 t3){ const u32 t=x|(x>>4); const u32 sel=__byte_perm(t,0u,0x0020u);
   const u32 lo=__byte_perm(t0,t1,sel&0x7777u), hi=__byte_perm(t2,t3,sel&0x7777u); return __byte_perm(lo,hi,0x3210u|((sel&0x8888u)>>1)); }
-static inline void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, int& lo, int& hi) {
-    const u32 s7 = w & 0x77777777u;
-    const u32 s8 = ((w >> 1) & 0x44444444u) | 0x32103210u;
-    const u32 ra = __byte_perm(__byte_perm(t0, t1, s7), __byte_perm(t2, t3, s7), s8);
-    const u32 rb = __byte_perm(__byte_perm(t0, t1, s7 >> 16), __byte_perm(t2, t3, s7 >> 16), s8 >> 16);
-    lo = __byte_perm(ra, rb, 0x6420u);
-    hi = __byte_perm(ra, rb, 0x7531u);
-}
+#define __host__
 struct Chunk { int q[8]; float sc[2]; float mn[2]; };
 

@@ -11,7 +11,7 @@ template <int ID> static void run(const u8* data, int nblk, float* out) {
             for (int i = 0; i < 8; i++)
                 for (int j = 0; j < 4; j++) {
                     const int code = (i8)((r.q[i] >> (8 * j)) & 0xFF), h = i / 4;
-                    const int w = T::PLANES ? 16 * (i / 4) + 4 * j + (i % 4) : 4 * i + j;
+                    const int w = code_weight(T::ORDER, i, j);
                     out[(size_t)b * T::BS + 32 * c + w] = r.sc[h] * (float)(code + T::IOFF) + (T::MIN ? r.mn[h] : 0.f);
                 }
         }

@@ -216,6 +216,13 @@ def _weights(type_id: int, w_dev, k: int):
     return t, w
 
 
+def _check_matrix_bytes(what: str, rows: int, row_bytes: int) -> None:
+    """The kernels address a matrix by 32-bit byte offsets (fewer registers than 64-bit row
+    pointers: more resident warps); an expert's matrix is addressed from its own start."""
+    if rows * row_bytes >= 1 << 32:
+        raise ValueError(f"{what}: a matrix of {rows} rows x {row_bytes} bytes is 4 GiB or more")
+
+
 def _columns(x_dev):
     cp = _cp()
     x = cp.asarray(x_dev, dtype=cp.float32)
@@ -303,6 +310,7 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
     cp = _cp()
     t, w = _weights(type_id, w_dev, k)
     row_bytes = t.row_bytes(k)
+    _check_matrix_bytes("mmvq", rows, row_bytes)
     if w.size != rows * row_bytes:
         raise ValueError(f"mmvq: {t.name} {rows} x {k} needs {rows * row_bytes} bytes, got {w.size}")
     if isinstance(x_dev, Q8Buffer):
@@ -340,6 +348,7 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None, q8: Q8Buf
     if w3.ndim != 3:
         raise ValueError(f"mmvq_experts: weights must be (n_expert, rows, row_bytes), got {w3.shape}")
     n_expert, rows, row_bytes = w3.shape
+    _check_matrix_bytes("mmvq experts", rows, row_bytes)
     t = type_by_id(type_id)
     if t is None:
         raise ValueError(f"mmvq_experts: unknown GGML type {type_id}")
@@ -382,6 +391,7 @@ def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8
             raise ValueError("mmvq_experts_pair: quantized weights only")
         w3 = cp.asarray(w_dev)
         n_expert, rows, row_bytes = w3.shape
+        _check_matrix_bytes("mmvq experts", rows, row_bytes)
         t, w = _weights(tid, w3, q8.k)
         if row_bytes != t.row_bytes(q8.k):
             raise ValueError(f"mmvq_experts_pair: {t.name} rows are not {q8.k} weights long")
@@ -469,6 +479,7 @@ def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, pe
         raise ValueError("mmvq_experts_grouped: quantized weights only")
     w3 = cp.asarray(w_dev)
     n_expert, rows, row_bytes = w3.shape
+    _check_matrix_bytes("mmvq experts", rows, row_bytes)
     if n_expert != plan.n_expert:
         raise ValueError(f"mmvq_experts_grouped: the plan is for {plan.n_expert} experts, the weights have {n_expert}")
     k = q8.k

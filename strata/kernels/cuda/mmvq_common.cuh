@@ -76,18 +76,6 @@ __device__ __forceinline__ u32 apply_signs(u32 g, u32 m) { return (g ^ m) + (m &
 // 8 sign bits of a 7-bit ksigns index: bit 7 makes the count of minus signs even.
 __device__ __forceinline__ u32 ksigns(u32 s7) { return s7 | ((__popc(s7) & 1u) << 7); }
 
-// The 8 nibbles of w (byte j: low nibble = weight j, high nibble = weight j + 16 of a run)
-// looked up in a 16-entry int8 table: lo = weights 0..3, hi = weights 16..19. The nibble
-// pairs of w serve directly as prmt selectors (bit 3 of each chooses the table half).
-__device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, int& lo, int& hi) {
-    const u32 s7 = w & 0x77777777u;
-    const u32 s8 = ((w >> 1) & 0x44444444u) | 0x32103210u;
-    const u32 ra = __byte_perm(__byte_perm(t0, t1, s7), __byte_perm(t2, t3, s7), s8);  // w0 w16 w1 w17
-    const u32 rb = __byte_perm(__byte_perm(t0, t1, s7 >> 16), __byte_perm(t2, t3, s7 >> 16), s8 >> 16);
-    lo = __byte_perm(ra, rb, 0x6420u);
-    hi = __byte_perm(ra, rb, 0x7531u);
-}
-
 // One 32-weight chunk of a weight row as the dot product consumes it: int8 codes in weight
 // order (q[0..3]: weights 0..15, q[4..7]: weights 16..31), a float scale per 16-weight half
 // and (types with mins) a float min coefficient per half, multiplying the activation sum.

@@ -12,20 +12,53 @@
 
 template <int ID> struct TypeOf;
 
+// Order of a chunk's codes (Chunk::q): which weight of the chunk byte j of int i holds.
+//   WEIGHT_ORDER  4i + j
+//   PLANE_ORDER   16h + 4j + s for int 4h + s (2-bit fields: a mask per plane, no shuffle)
+//   PAIR_ORDER    16 (j & 1) + 4m + 2p + (j >> 1) for int 2m + p (4-bit lookups: lut16_pairs)
+// The kernels permute the activations to the same order, once per column for all rows.
+enum { WEIGHT_ORDER = 0, PLANE_ORDER = 1, PAIR_ORDER = 2 };
+__host__ __device__ __forceinline__ constexpr int code_weight(int order, int i, int j) {
+    return order == PLANE_ORDER  ? 16 * (i >> 2) + 4 * j + (i & 3)
+           : order == PAIR_ORDER ? 16 * (j & 1) + 4 * (i >> 1) + 2 * (i & 1) + (j >> 1)
+                                 : 4 * i + j;
+}
+
+// The 8 nibbles of w (byte j: low nibble = weight j, high nibble = weight j + 16 of a run)
+// looked up in a 16-entry int8 table, in nibble-pair order: ra = weights 0 16 1 17, rb =
+// weights 2 18 3 19 (PAIR_ORDER below). The nibble pairs of w serve directly as prmt
+// selectors (bit 3 of each chooses the table half), so no byte shuffle follows the lookup;
+// the kernel interleaves the activations to match, once per column for all rows.
+__device__ __forceinline__ void lut16_pairs(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, int& ra, int& rb) {
+    const u32 s7 = w & 0x77777777u;
+    const u32 s8 = ((w >> 1) & 0x44444444u) | 0x32103210u;
+    ra = __byte_perm(__byte_perm(t0, t1, s7), __byte_perm(t2, t3, s7), s8);
+    rb = __byte_perm(__byte_perm(t0, t1, s7 >> 16), __byte_perm(t2, t3, s7 >> 16), s8 >> 16);
+}
+// The same lookup in weight order: lo = weights 0..3, hi = weights 16..19.
+__device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, int& lo, int& hi) {
+    int ra, rb;
+    lut16_pairs(w, t0, t1, t2, t3, ra, rb);
+    lo = __byte_perm(ra, rb, 0x6420u);
+    hi = __byte_perm(ra, rb, 0x7531u);
+}
+
 // kvalues as little-endian words, from strata.kernels.iq_tables (generated).
-// KV_IQ4NL_0..3 and KV_FP4_0..3 are #defined by the generated table header.
+// KV_IQ4NL_0..3 and KV_FP4_0..3 are #defined by the generated table header, and the same words
+// are the arrays KV_IQ4NL_W and KV_FP4_W.
 
 // TAB_WORDS / table(): the codebook a type reads (copied to shared memory per thread block;
 // decode gets it as `tab`); 1 / nullptr for types without one.
-#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, PLANES_)            \
+#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_)             \
     template <> struct TypeOf<ID_> {                                             \
         static constexpr int ID = ID_, BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
-        static constexpr bool MIN = MIN_, PLANES = PLANES_;                      \
+        static constexpr int ORDER = ORDER_;                                     \
+        static constexpr bool MIN = MIN_;                                        \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
         __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
-#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, false)
-#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, false)
-// PLANES: codes come out in bit-plane order; the kernel transposes the activations to match.
+#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER)
+#define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, WEIGHT_ORDER)
+// ORDER: the order of the chunk's codes (code_weight above).
 
 #define TYPE_TAIL };
 
@@ -95,26 +128,25 @@ TYPE_HEAD(8, 32, 34, 0, false) {
 }
 TYPE_TAIL
 
-// IQ4_NL: half d; qs[16] nibbles indexing kvalues_iq4nl.
-TYPE_HEAD(20, 32, 18, 0, false) {
+// IQ4_NL: half d; qs[16] nibbles indexing kvalues_iq4nl. Codes in PAIR_ORDER.
+TYPE_HEAD_X(20, 32, 18, 0, false, 4, KV_IQ4NL_W, PAIR_ORDER) {
     u32 w[4];
     ldwords(b + 2, w);
+    const u32 t0 = tab[0], t1 = tab[1], t2 = tab[2], t3 = tab[3];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lut16x8(w[i], KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, r.q[i], r.q[4 + i]);
-    }
+    for (int i = 0; i < 4; ++i) lut16_pairs(w[i], t0, t1, t2, t3, r.q[2 * i], r.q[2 * i + 1]);
     r.sc[0] = r.sc[1] = ldh(b);
 }
 TYPE_TAIL
 
 // MXFP4: u8 e (E8M0); qs[16] nibbles indexing the doubled E2M1 values; scale 2^(e-128).
-TYPE_HEAD(39, 32, 17, 0, false) {
+// Codes in PAIR_ORDER.
+TYPE_HEAD_X(39, 32, 17, 0, false, 4, KV_FP4_W, PAIR_ORDER) {
     u32 w[4];
     ldwords(b + 1, w);
+    const u32 t0 = tab[0], t1 = tab[1], t2 = tab[2], t3 = tab[3];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lut16x8(w[i], KV_FP4_0, KV_FP4_1, KV_FP4_2, KV_FP4_3, r.q[i], r.q[4 + i]);
-    }
+    for (int i = 0; i < 4; ++i) lut16_pairs(w[i], t0, t1, t2, t3, r.q[2 * i], r.q[2 * i + 1]);
     r.sc[0] = r.sc[1] = __uint_as_float(__ldg(&E8M0_HALF_BITS[ld8(b)]));
 }
 TYPE_TAIL
@@ -144,8 +176,8 @@ TYPE_TAIL
 
 // Q2_0 (64 weights): half d; 16 bytes of 2-bit codes, LSB first; value (c - 1) * d.
 // A byte holds 4 consecutive weights, so masks give bit planes (code int 4h+s = weights
-// 16h + 4k + s, k = 0..3); PLANES makes the kernel transpose the activations to match.
-TYPE_HEAD_X(42, 64, 18, -1, false, 1, nullptr, true) {
+// 16h + 4k + s, k = 0..3): PLANE_ORDER.
+TYPE_HEAD_X(42, 64, 18, -1, false, 1, nullptr, PLANE_ORDER) {
     u32 w[2];  // weights 16h .. 16h+15 of the chunk in w[h]
     ldwords(b + 2 + 8 * sub, w);
 #pragma unroll
@@ -435,14 +467,24 @@ TYPE_HEAD(29, 256, 56, -16, false) {
 }
 TYPE_TAIL
 
-// IQ4_XS: half d; u16 scales_h; scales_l[4]; qs[128] (16 bytes per 32 weights).
-TYPE_HEAD(23, 256, 136, 0, false) {
+// IQ4_XS: half d; u16 scales_h; scales_l[4]; qs[128] (16 bytes per 32 weights). PAIR_ORDER.
+TYPE_HEAD_X(23, 256, 136, 0, false, 4, KV_IQ4NL_W, PAIR_ORDER) {
     const u8* q = b + 8 + 16 * sub;
+    const u32 t0 = tab[0], t1 = tab[1], t2 = tab[2], t3 = tab[3];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lut16x8(ld32a(q + 4 * i), KV_IQ4NL_0, KV_IQ4NL_1, KV_IQ4NL_2, KV_IQ4NL_3, r.q[i], r.q[4 + i]);
-    }
+    for (int i = 0; i < 4; ++i) lut16_pairs(ld32a(q + 4 * i), t0, t1, t2, t3, r.q[2 * i], r.q[2 * i + 1]);
     const u32 ls = ((ld8(b + 4 + (sub >> 1)) >> (4 * (sub & 1))) & 15) | (((ld16(b + 2) >> (2 * sub)) & 3) << 4);
     r.sc[0] = r.sc[1] = ldh(b) * (float)((int)ls - 32);
 }
 TYPE_TAIL
+
+// Types whose chunk has one scale (and one min) for all 32 weights (decode sets sc[0] == sc[1],
+// mn[0] == mn[1]): their dot product runs the 8 dp4a as one integer sum and converts and
+// scales it once (chunk_acc in mmvq_kernels.cuh). Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K IQ2_XXS IQ3_XXS IQ1_S IQ4_NL
+// IQ3_S IQ4_XS TQ1_0 TQ2_0 MXFP4 Q1_0 Q2_0; not Q2_K Q3_K Q6_K IQ2_XS IQ2_S IQ1_M NVFP4 (a scale
+// per 16 weights).
+template <int ID> struct OneScale {
+    static constexpr bool YES = ID == 2 || ID == 3 || ID == 6 || ID == 7 || ID == 8 || ID == 12 || ID == 13 ||
+                                ID == 16 || ID == 18 || ID == 19 || ID == 20 || ID == 21 || ID == 23 || ID == 34 ||
+                                ID == 35 || ID == 39 || ID == 41 || ID == 42;
+};

@@ -49,22 +49,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Copy blocks [b0, b0 + nb) of a row into buf, starting at the 16-byte boundary at or below
-// the first byte. Whole aligned 16-byte pieces never cross a page, so reading the few bytes
-// outside the row cannot fault. At most MAXP pieces: a fixed, predicated sequence per lane.
-// (The caller commits the group.)
-template <int MAXP>
-__device__ __forceinline__ void issue_tile(const u8* row, int ts, int b0, int nb, u32 buf, int lane) {
-    const size_t g0 = (size_t)row + (size_t)b0 * ts;
-    const size_t a0 = g0 & ~(size_t)15;
-    const int n16 = (int)((g0 + (size_t)nb * ts - a0 + 15) >> 4);
-#pragma unroll
-    for (int j = 0; j < (MAXP + 31) / 32; ++j) {
-        const int i = lane + 32 * j;
-        if (i < n16) cp_async16(buf + 16 * (u32)i, (const void*)(a0 + 16 * (size_t)i));
-    }
-}
-
 // 4x4 byte transpose of 16 activation bytes, for types whose codes come out in bit-plane
 // order (code int s holds weights s, 4+s, 8+s, 12+s): permuting the activations once per
 // column serves all RPW rows, where permuting codes would cost per row.
@@ -83,27 +67,62 @@ struct QMeta {
     int sums;
 };
 
-template <class T>
-__device__ __forceinline__ float chunk_dot(const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
-    int i0 = __dp4a(r.q[0], a.x, 0);
-    i0 = __dp4a(r.q[1], a.y, i0);
-    i0 = __dp4a(r.q[2], a.z, i0);
-    i0 = __dp4a(r.q[3], a.w, i0);
-    int i1 = __dp4a(r.q[4], c.x, 0);
-    i1 = __dp4a(r.q[5], c.y, i1);
-    i1 = __dp4a(r.q[6], c.z, i1);
-    i1 = __dp4a(r.q[7], c.w, i1);
-    const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
-    if (T::IOFF != 0) {
-        i0 += T::IOFF * s0;
-        i1 += T::IOFF * s1;
+// The activations of a chunk in the order of the type's codes (code_weight): a = weights
+// 0..15, c = 16..31 on entry. Done once per column and chunk, for all RPW rows.
+template <int ORDER>
+__device__ __forceinline__ void activation_order(int4& a, int4& c) {
+    if (ORDER == PLANE_ORDER) {
+        a = transpose4x4(a);
+        c = transpose4x4(c);
+    } else if (ORDER == PAIR_ORDER) {  // (w0 w16 w1 w17) (w2 w18 w3 w19) ...
+        const int4 x = a, y = c;
+        a = make_int4(__byte_perm(x.x, y.x, 0x5140), __byte_perm(x.x, y.x, 0x7362), __byte_perm(x.y, y.y, 0x5140),
+                      __byte_perm(x.y, y.y, 0x7362));
+        c = make_int4(__byte_perm(x.z, y.z, 0x5140), __byte_perm(x.z, y.z, 0x7362), __byte_perm(x.w, y.w, 0x5140),
+                      __byte_perm(x.w, y.w, 0x7362));
     }
-    // Every rounding step spelled out (no contraction left to the compiler): the instances for
-    // 1..8 columns would otherwise fuse multiply-adds differently (seen on Q2_K: 8 columns
-    // vs 1), and a row's bits must not depend on how many columns share its launch.
-    float f = __fmaf_rn(r.sc[1], (float)i1, __fmul_rn(r.sc[0], (float)i0));
-    if (T::MIN) f = __fmaf_rn(r.mn[1], (float)s1, __fmaf_rn(r.mn[0], (float)s0, f));
-    return __fmul_rn(m.d, f);
+}
+
+// acc + d * (the chunk's dot product with one column). Every rounding step is spelled out (no
+// contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
+// multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
+// on how many columns share its launch.
+template <class T>
+__device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
+    const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
+    if constexpr (OneScale<T::ID>::YES) {
+        // one scale for the 32 weights: one integer sum (codes in any order the activations
+        // share), converted and scaled once
+        int i = __dp4a(r.q[0], a.x, 0);
+        i = __dp4a(r.q[1], a.y, i);
+        i = __dp4a(r.q[2], a.z, i);
+        i = __dp4a(r.q[3], a.w, i);
+        i = __dp4a(r.q[4], c.x, i);
+        i = __dp4a(r.q[5], c.y, i);
+        i = __dp4a(r.q[6], c.z, i);
+        i = __dp4a(r.q[7], c.w, i);
+        const int s = s0 + s1;
+        if (T::IOFF != 0) i += T::IOFF * s;
+        float f = __fmul_rn(r.sc[0], (float)i);
+        if (T::MIN) f = __fmaf_rn(r.mn[0], (float)s, f);
+        return __fmaf_rn(m.d, f, acc);
+    } else {
+        int i0 = __dp4a(r.q[0], a.x, 0);
+        i0 = __dp4a(r.q[1], a.y, i0);
+        i0 = __dp4a(r.q[2], a.z, i0);
+        i0 = __dp4a(r.q[3], a.w, i0);
+        int i1 = __dp4a(r.q[4], c.x, 0);
+        i1 = __dp4a(r.q[5], c.y, i1);
+        i1 = __dp4a(r.q[6], c.z, i1);
+        i1 = __dp4a(r.q[7], c.w, i1);
+        if (T::IOFF != 0) {
+            i0 += T::IOFF * s0;
+            i1 += T::IOFF * s1;
+        }
+        float f = __fmaf_rn(r.sc[1], (float)i1, __fmul_rn(r.sc[0], (float)i0));
+        if (T::MIN) f = __fmaf_rn(r.mn[1], (float)s1, __fmaf_rn(r.mn[0], (float)s0, f));
+        return __fmaf_rn(m.d, f, acc);
+    }
 }
 
 template <int NC>
@@ -131,6 +150,12 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // row groups too. Each lane decodes the same chunk of the group's rows, so one activation
 // load serves RPW rows. out_col_stride: distance between columns in out; only the first
 // `written` columns are stored (the rest are padding a caller may read past its columns).
+//
+// Lane l takes chunks l, l + 32, l + 64 ... of every row, in order, whatever the tile
+// geometry: a row's sum (and its bits) depends on the type alone. Addresses are kept
+// incrementally (row pointers set once per row group, advanced a tile at a time; stage
+// indices counted, not divided): S6's per-item recomputation cost ~12 instructions per chunk
+// and row on Q2_0 (SASS, S8-2).
 template <class T, int NC>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
@@ -138,28 +163,51 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                                             const u32* tab, int written = NC) {
     typedef Geometry<T> G;
     constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
+    constexpr int TILE = TB * T::TS;  // bytes of a full tile of one row
+    constexpr int NJ = (G::MAXP + 31) / 32;
     const int lane = threadIdx.x & 31;
     const int kb = k / 32;
     const int nblk = k / T::BS;
     const int ntiles = (nblk + TB - 1) / TB;
+    const int last_bytes = (nblk - (ntiles - 1) * TB) * T::TS;  // of the last tile of a row
     const int groups = (r1 - r0 + RPW - 1) / RPW;
     const int items = groups * ntiles;
     if (items <= 0) return;
-    // item i = (group i / ntiles, tile i % ntiles) lives in stage buffer i % S. Rows past r1 in
-    // the last group re-read row r1 - 1 (never the case when rows_per_warp is a multiple of
-    // RPW and rows a multiple of it); their results are not written.
-    int ig = 0, ib = 0;  // group and first block of the next item to copy
-    const u32 sbuf_shared = (u32)__cvta_generic_to_shared(sbuf);
+    // Rows past r1 in the last group re-read row r1 - 1 (never the case when rows_per_warp is
+    // a multiple of RPW and rows a multiple of it); their results are not written. Offsets
+    // from w are 32-bit (the host keeps a matrix under 4 GiB) and rebuilt per row from the
+    // group's first row: per-row pointer state cost 12 more registers (fewer resident warps).
+    auto group_rows = [&](int g) { return min(RPW, r1 - r0 - g * RPW); };  // rows actually there
+    auto row_off = [&](u32 first, int valid, int rr) { return first + (u32)(min(rr, valid - 1) * row_bytes); };
+    const u32 lane16 = 16u * (u32)lane;
+    const u32 sb = (u32)__cvta_generic_to_shared(sbuf);
+    // issuing side: the next item's group and tile, its first row's tile offset, its stage
+    int ig = 0, itile = 0, istage = 0, ivalid = group_rows(0);
+    u32 ioff = (u32)r0 * (u32)row_bytes;
     auto issue = [&](int i) {
         if (i < items) {
-            const int g = ig, b0 = ib;
-            if ((ib += TB) >= nblk) { ib = 0; ++ig; }
-            const u32 buf = sbuf_shared + (u32)((i % S) * RPW * G::TBUF);
+            const u32 nbytes = itile + 1 == ntiles ? last_bytes : TILE;
+            const u32 buf = sb + (u32)(istage * RPW * G::TBUF) + lane16;
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
-                const int row = min(r0 + g * RPW + rr, r1 - 1);
-                issue_tile<G::MAXP>(w + (size_t)row * row_bytes, T::TS, b0, min(nblk - b0, TB), buf + (u32)(rr * G::TBUF), lane);
+                // whole aligned 16-byte pieces never cross a page: reading the few bytes
+                // outside the row cannot fault
+                const size_t g0 = (size_t)w + row_off(ioff, ivalid, rr);
+                const u32 mis = (u32)g0 & 15u;
+                const size_t a0 = g0 - mis + lane16;
+                const u32 n16 = (mis + nbytes + 15u) >> 4;
+#pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    if ((u32)(lane + 32 * j) < n16) cp_async16(buf + (u32)(rr * G::TBUF + 512 * j), (const void*)(a0 + 512 * j));
             }
+            ioff += TILE;
+            if (++itile == ntiles) {
+                itile = 0;
+                ++ig;
+                ioff = (u32)(r0 + ig * RPW) * (u32)row_bytes;
+                ivalid = group_rows(ig);
+            }
+            if (++istage == S) istage = 0;
         }
         cp_async_commit();  // empty groups keep the count uniform
     };
@@ -170,6 +218,11 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     for (int rr = 0; rr < RPW; ++rr)
 #pragma unroll
         for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
+    // consuming side: the current tile's offset (its first row), for where each row's bytes
+    // sit in the stage (their address modulo 16)
+    const u32 wlo = (u32)(size_t)w;
+    u32 coff = (u32)r0 * (u32)row_bytes;
+    int cvalid = group_rows(0);
     // Few columns: the item's activation blocks are loaded before the wait for its tiles, so
     // their latency (L1/L2) hides behind it; loaded after the decode they were the largest stall
     // (ncu, S6-11: 38% of a warp's cycles waiting on L1TEX at 1 column). S6-12: Q4_1 +5%, Q4_K
@@ -177,7 +230,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // more registers), so they keep loading after the decode. More columns would not fit.
     constexpr bool PRE = NC <= 2 && !LUT16<T::ID>::YES;
     constexpr int PU = PRE ? G::CPL : 1, PJ = PRE ? NC : 1;
-    int g = 0, t = 0;  // current item's group and tile
+    int g = 0, t = 0, cstage = 0;  // current item's group, tile and stage
     for (int it = 0; it < items; ++it) {
         const int b0 = t * TB;
         const int nb = min(nblk - b0, TB);
@@ -202,11 +255,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
         __syncwarp();
         const u8* base[RPW];
 #pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) {
-            const int row = min(r0 + g * RPW + rr, r1 - 1);
-            base[rr] = sbuf + ((it % S) * RPW + rr) * G::TBUF +
-                       (((size_t)w + (size_t)row * row_bytes + (size_t)b0 * T::TS) & 15);
-        }
+        for (int rr = 0; rr < RPW; ++rr)
+            base[rr] = sbuf + (cstage * RPW + rr) * G::TBUF + ((wlo + row_off(coff, cvalid, rr)) & 15u);
 #pragma unroll
         for (int u = 0; u < G::CPL; ++u) {
           const int c = lane + 32 * u;  // CPL chunks per lane per row: a tile is 32 * CPL chunks
@@ -229,16 +279,15 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                     b = __ldg(qp + 1);
                     m = meta[(size_t)j * kb + gc];
                 }
-                if (T::PLANES) {
-                    a = transpose4x4(a);
-                    b = transpose4x4(b);
-                }
+                activation_order<T::ORDER>(a, b);
 #pragma unroll
-                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = __fadd_rn(acc[rr][j], chunk_dot<T>(ch[rr], a, b, m));
+                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = chunk_acc<T>(acc[rr][j], ch[rr], a, b, m);
             }
           }
         }
-        __syncwarp();  // stage it % S is reused by the issue at the top of iteration it + 1
+        __syncwarp();  // this stage is reused by the issue at the top of the next iteration
+        if (++cstage == S) cstage = 0;
+        coff += TILE;
         if (++t == ntiles) {  // row group done
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
@@ -254,6 +303,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
             }
             t = 0;
             ++g;
+            coff = (u32)(r0 + g * RPW) * (u32)row_bytes;
+            cvalid = group_rows(g);
         }
     }
 }
@@ -476,7 +527,7 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
 #pragma unroll
                 for (int u = 0; u < F::PER16 / 4; ++u) {
                     const float4 xv = __ldg(xp + u);
-                    // rounding spelled out, as in chunk_dot: the same bits for 1..8 columns
+                    // rounding spelled out, as in chunk_acc: the same bits for 1..8 columns
                     const float d = __fmaf_rn(f[4 * u + 3], xv.w, __fmaf_rn(f[4 * u + 2], xv.z,
                                               __fmaf_rn(f[4 * u + 1], xv.y, __fmul_rn(f[4 * u], xv.x))));
                     acc[j] = __fadd_rn(acc[j], d);

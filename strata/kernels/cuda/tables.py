@@ -37,8 +37,12 @@ def _c_f32_bits(name: str, values: np.ndarray) -> str:
 
 
 def _kv_defines(prefix: str, values) -> str:
+    """The 16 kvalues as 4 words, both as #defines (NVFP4's lookups take them as constants) and
+    as an array PREFIX_W the kernels copy to shared memory (IQ4_NL, IQ4_XS, MXFP4: read from
+    there, the words stay in registers; as constants ptxas re-materialized them before every
+    lookup)."""
     words = np.asarray(values, dtype=np.int8).view("<u4")
-    return "".join(f"#define {prefix}_{i} 0x{int(w):08x}u\n" for i, w in enumerate(words))
+    return "".join(f"#define {prefix}_{i} 0x{int(w):08x}u\n" for i, w in enumerate(words)) + _c_u32(f"{prefix}_W", words)
 
 
 @functools.cache
