@@ -549,6 +549,15 @@ s8a)  # session 8: leaner MMVQ streaming, one-scale dot, pair-order lookups; vs 
         | grep -vE "^strata" | sed "s/^/[$v big] /"
   done | tee -a $OUT/mmvq.log
   ;;
+s8b)  # aligned-row instances, transposed warp sums; vs session start (base) and S8-3 (head)
+  python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  mmvq_vs "head new" Q4_K,IQ3_S,Q2_0,IQ4_NL,IQ3_XXS,Q8_0,Q4_0,Q6_K 1,2,4,8
+  for v in base new; do
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 \
+        | grep -vE "^strata" | sed "s/^/[$v big] /"
+  done | tee -a $OUT/mmvq.log
+  ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py 2>&1 | tail -15 | tee $OUT/tests.log

@@ -99,6 +99,49 @@ def test_split_columns_only_for_matrices_that_leave_the_device_idle():
     assert gpu.split_columns(0, 576, 4) is None  # float weights: another kernel
 
 
+QUANT = [t for t in TYPES if t in gpu.QUANT_TYPES]
+
+
+@pytest.mark.parametrize("type_id", QUANT, ids=[type_by_id(t).name for t in QUANT])
+def test_aligned_rows_instances_equal_the_general_ones(type_id):
+    """Rows of 4096 weights are a multiple of 16 bytes in every type, so mmvq picks the 1-column
+    and experts instances compiled for 16-byte aligned rows; the general instances run on the
+    same data must give the same bits (only the addressing differs), and both match the mirror."""
+    rows, k, n_expert = 37, 4096, 3
+    rng = _rng(type_id, 4096)
+    t = type_by_id(type_id)
+    host = np.stack([random_blocks(type_id, rows, k, rng) for _ in range(n_expert)])
+    w3 = cp.asarray(host)
+    row_bytes = t.row_bytes(k)
+    assert gpu.rows_aligned(w3, row_bytes)
+    x = _x(rng, 1, k)
+    q8 = gpu.quantize_q8_1(cp.asarray(x))
+    ref = mmvq_numpy.mmvq(type_id, host[0], x)
+    got = {}
+    for aligned in (False, True):
+        ((_, name, rpw, grid),) = gpu.column_launches(type_id, rows, 1, split=False, aligned=aligned)
+        assert name.endswith(", true>") == aligned
+        out = cp.full((1, rows), cp.nan, dtype=cp.float32)
+        gpu._function(type_id, name)(grid, (gpu.WARPS * 32,), (
+            w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
+        got[aligned] = cp.asnumpy(out)
+        assert _rel(got[aligned], ref) < REL_BOUND, f"aligned={aligned} (seed {SEED})"
+    np.testing.assert_array_equal(got[False], got[True])
+    ids = cp.asarray(np.array([[2, 0]], dtype=np.int32))
+    ref_e = mmvq_numpy.mmvq_experts(type_id, host, cp.asnumpy(ids), x)
+    got_e = {}
+    for aligned in (False, True):
+        name = gpu._ids_name(type_id, aligned)
+        rpw = gpu._rows_per_warp(type_id, name, rows, 2)
+        out = cp.full((1, 2, rows), cp.nan, dtype=cp.float32)
+        gpu._function(type_id, name)((-(-rows // (rpw * gpu.WARPS)), 2), (gpu.WARPS * 32,), (
+            w3, np.int64(rows * row_bytes), np.int32(n_expert), ids, np.int32(2), np.int32(rows),
+            np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
+        got_e[aligned] = cp.asnumpy(out)
+        assert _rel(got_e[aligned], ref_e) < REL_BOUND, f"experts aligned={aligned} (seed {SEED})"
+    np.testing.assert_array_equal(got_e[False], got_e[True])
+
+
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)
 def test_mmvq_experts_matches_mirror(type_id):
     n_expert, rows, k = 5, 33, 1280

@@ -322,8 +322,9 @@ class CudaBackend(Backend):
         if launch is None:
             # the launch mmvq.mmvq makes for n columns, with everything but the activations
             # and the output worked out once
-            ((_, name, rpw, grid),) = mm.column_launches(p.type_id, p.rows, n, self.split_columns)
             row_bytes = type_by_id(p.type_id).row_bytes(p.k)
+            ((_, name, rpw, grid),) = mm.column_launches(p.type_id, p.rows, n, self.split_columns,
+                                                         mm.rows_aligned(p.blocks, row_bytes))
             launch = (mm._function(p.type_id, name), grid,
                       (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(rpw)))
             p.launches[n] = launch

@@ -76,7 +76,25 @@ def _source() -> str:
 def _names(type_id: int) -> list[str]:
     if type_id in FLOAT_TYPES:
         return [f"mmvf<{type_id}, {nc}>" for nc in range(1, MAX_COLS + 1)] + [f"mmvf_ids<{type_id}>"]
-    return [f"mmvq<{type_id}, {nc}>" for nc in range(1, MAX_COLS + 1)] + [f"mmvq_ids<{type_id}>"]
+    return ([_mmvq_name(type_id, nc) for nc in range(1, MAX_COLS + 1)] + [_mmvq_name(type_id, 1, True)]
+            + [_ids_name(type_id, a) for a in (False, True)])
+
+
+# Rows that start on 16-byte boundaries (the weights 16-aligned, row_bytes a multiple of 16: most
+# real matrices) have kernel instances of their own for one column (decode, experts): the
+# decoders' word alignment is then known when they compile (mmvq_kernels.cuh, A16).
+def rows_aligned(w_dev, row_bytes: int) -> bool:
+    if os.environ.get("STRATA_MMVQ_ALIGNED") == "0":  # benchmarks only: the general instances
+        return False
+    return row_bytes % 16 == 0 and w_dev.data.ptr % 16 == 0
+
+
+def _mmvq_name(type_id: int, nc: int, aligned: bool = False) -> str:
+    return f"mmvq<{type_id}, 1, true>" if aligned and nc == 1 else f"mmvq<{type_id}, {nc}>"
+
+
+def _ids_name(type_id: int, aligned: bool = False) -> str:
+    return f"mmvq_ids<{type_id}, true>" if aligned else f"mmvq_ids<{type_id}>"
 
 
 _modules: dict[int, object] = {}
@@ -196,9 +214,9 @@ def _named_function(name: str):
     return mod.get_function(name)
 
 
-def _pair_function(id1: int, id2: int):
+def _pair_function(id1: int, id2: int, aligned: bool = False):
     """mmvq_ids_pair<id1, id2>: gate and up experts of two types in one launch."""
-    return _named_function(f"mmvq_ids_pair<{id1}, {id2}>")
+    return _named_function(f"mmvq_ids_pair<{id1}, {id2}, true>" if aligned else f"mmvq_ids_pair<{id1}, {id2}>")
 
 
 def _weights(type_id: int, w_dev, k: int):
@@ -231,7 +249,7 @@ def _columns(x_dev):
     return cp.ascontiguousarray(x)
 
 
-def split_columns(type_id: int, rows: int, ncols: int) -> tuple[str, int, int] | None:
+def split_columns(type_id: int, rows: int, ncols: int, aligned: bool = False) -> tuple[str, int, int] | None:
     """The 1-column kernel, its rows per warp and its blocks per column, where `ncols` columns
     of a small matrix should run as one launch with a grid row per column; else None.
 
@@ -248,25 +266,26 @@ def split_columns(type_id: int, rows: int, ncols: int) -> tuple[str, int, int] |
     the choice never changes a result's bits."""
     if ncols < 2 or type_id in FLOAT_TYPES:
         return None
-    name = f"mmvq<{type_id}, 1>"
+    name = _mmvq_name(type_id, 1, aligned)
     rpw = _rows_per_warp(type_id, name, rows)
     bx = -(-rows // (rpw * WARPS))
     fits = 2 * bx <= _sm_count() and bx * ncols * WARPS <= _resident_warps(type_id, name)
     return (name, rpw, bx) if fits else None
 
 
-def column_launches(type_id: int, rows: int, ncols: int, split: bool = True) -> list[tuple[int, str, int, tuple]]:
+def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
+                    aligned: bool = False) -> list[tuple[int, str, int, tuple]]:
     """The launches of a quantized mmvq over `ncols` columns: (first column, kernel name, rows
     per warp, grid). Whole groups of MAX_COLS columns in one launch (grid y), the rest in
     another; or, for a small matrix (split_columns), every column a grid row of the 1-column
     kernel. CudaBackend caches these per weight and column count."""
-    one = split_columns(type_id, rows, ncols) if split else None
+    one = split_columns(type_id, rows, ncols, aligned) if split else None
     if one is not None:
         name, rpw, bx = one
         return [(0, name, rpw, (bx, ncols))]
     out = []
     for c0, nc, groups in _column_groups(ncols):
-        name = f"mmvq<{type_id}, {nc}>"
+        name = _mmvq_name(type_id, nc, aligned)
         rpw = _rows_per_warp(type_id, name, rows, one_column=nc == 1)
         out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
@@ -331,7 +350,7 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
             _function(t.id, f"mmvf<{t.id}, {nc}>")(((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
                 w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
         return out
-    for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split):
+    for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes)):
         _function(t.id, name)(grid, (WARPS * 32,), (
             w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
             act.q[c0:], act.meta[c0:], out[c0:]))
@@ -371,7 +390,7 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None, q8: Q8Buf
         _function(t.id, f"mmvf_ids<{t.id}>")(grid, (WARPS * 32,), common + (x, out, vec))
     else:
         act = q8 if q8 is not None else quantize_q8_1(x)
-        name = f"mmvq_ids<{t.id}>"
+        name = _ids_name(t.id, rows_aligned(w, row_bytes))
         rpw = _rows_per_warp(t.id, name, rows, ncols * n_used)
         qgrid = (-(-rows // (rpw * WARPS)), ncols * n_used)
         _function(t.id, name)(qgrid, (WARPS * 32,), common + (np.int32(rpw), act.q, act.meta, out))
@@ -398,7 +417,7 @@ def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8
         parts.append((w, n_expert, rows, row_bytes))
     if parts[0][1] != parts[1][1] or ids.shape[0] != q8.ncols:
         raise ValueError("mmvq_experts_pair: the two matrices must have the same experts and activations")
-    fn = _pair_function(id1, id2)
+    fn = _pair_function(id1, id2, all(rows_aligned(w, row_bytes) for w, _, _, row_bytes in parts))
     resident = _resident_warps_of(fn)
     outs, launch = [], []
     for w, n_expert, rows, row_bytes in parts:
