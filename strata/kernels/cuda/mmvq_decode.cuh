@@ -202,37 +202,32 @@ TYPE_HEAD(35, 256, 66, -1, false) {
 }
 TYPE_TAIL
 
-// base-3 digit n of each byte: ((u8)(byte * 3^n) * 3) >> 8, in 0..2.
-__device__ __forceinline__ u32 tern4(u32 w, int n) {
-    const u32 p = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
-    u32 r = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const u32 v = (((w >> (8 * j)) & 0xFF) * p) & 0xFF;
-        r |= ((v * 3) >> 8) << (8 * j);
-    }
-    return r;
+// Base-3 digit of each byte of w, p = 3^n for digit n: ((u8)(byte * p) * 3) >> 8, in 0..2.
+// Even and odd bytes go to 16-bit lanes so one multiply serves two bytes (byte * 81 < 2^16);
+// ~11 operations per word (byte at a time: 28).
+__device__ __forceinline__ u32 tern4(u32 w, u32 p) {
+    const u32 e = (__byte_perm(w, 0, 0x4240) * p) & 0x00FF00FFu;  // bytes 0, 2: (byte * p) mod 256
+    const u32 o = (__byte_perm(w, 0, 0x4341) * p) & 0x00FF00FFu;  // bytes 1, 3
+    return (((e * 3u) >> 8) & 0x00030003u) | ((o * 3u) & 0x03000300u);
 }
+__device__ __forceinline__ u32 pow3(int n) { return __byte_perm(0x1B090301u, 0x51u, 0x5550u | (u32)n); }  // n in 0..4
 
-// TQ1_0: qs[48] (a 32-byte run of 5 digits, a 16-byte run of 5 digits), qh[4] (4 digits),
-// half d at 52. Chunks 0..4: digit `sub` of the 32-byte run; 5..7: the 16-byte run's digits
-// two at a time, its last digit paired with the qh bytes.
+// TQ1_0: qs[48] (a 32-byte run of 5 base-3 digits per byte, then a 16-byte run of 5), qh[4]
+// (4 digits per byte), half d at 52. A chunk is two halves of 16 weights, each 4 words and a
+// digit; branch-free, since the lanes of a warp decode different chunks (branches ran both
+// sides: 6% of copy bandwidth, S8-6):
+//   sub < 5    half h: bytes 16h .. 16h + 15 of the 32-byte run, digit sub
+//   sub 5, 6   half h: the 16-byte run, digit 2 (sub - 5) + h
+//   sub 7      half 0: the 16-byte run, digit 4; half 1: word i = qh, digit i
 TYPE_HEAD(34, 256, 54, -1, false) {
-    if (sub < 5) {
+    const bool run32 = sub < 5;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) r.q[i] = tern4(ld32u(b + 4 * i), sub);
-    } else {
-        const int n = 2 * (sub - 5);
+    for (int h = 0; h < 2; ++h) {
+        const bool qh = sub == 7 && h == 1;
+        const u8* q = b + (run32 ? 16 * h : qh ? 48 : 32);
+        const u32 p = pow3(run32 ? sub : 2 * (sub - 5) + h);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.q[i] = tern4(ld32u(b + 32 + 4 * i), n);
-        if (sub < 7) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) r.q[4 + i] = tern4(ld32u(b + 32 + 4 * i), n + 1);
-        } else {
-            const u32 qh = ld32u(b + 48);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) r.q[4 + i] = tern4(qh, i);
-        }
+        for (int i = 0; i < 4; ++i) r.q[4 * h + i] = tern4(ld32u(q + (qh ? 0 : 4 * i)), qh ? pow3(i) : p);
     }
     r.sc[0] = r.sc[1] = ldh(b + 52);
 }
