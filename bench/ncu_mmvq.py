@@ -1,4 +1,5 @@
-"""Launch a few MMVQ kernels once each (1 column, 14336 x 4096) for Nsight Compute:
+"""Launch a few MMVQ kernels once each (1 column, 14336 x 4096 unless --rows / --k) for Nsight
+Compute, through mmvq.mmvq (the launch the engine makes):
 
     ncu --clock-control none -k regex:_Z4mmvq --section SpeedOfLight ... python3 bench/ncu_mmvq.py Q1_0 Q4_K
 """
@@ -15,12 +16,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy as cp  # noqa: E402
 
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
-from strata.kernels.ggml_types import type_by_name  # noqa: E402
+from strata.kernels.ggml_types import type_by_id, type_by_name  # noqa: E402
 from strata.kernels.random_blocks import random_blocks  # noqa: E402
 
 
-def main(names):
-    rows, k = 14336, 4096
+def main(argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("names", nargs="*", default=["Q1_0", "Q4_K"])
+    p.add_argument("--rows", type=int, default=14336)
+    p.add_argument("--k", type=int, default=4096)
+    a = p.parse_args(argv)
+    names, rows, k = a.names, a.rows, a.k
     rng = np.random.default_rng(0)
     for name in names:
         tid = type_by_name(name).id
@@ -30,10 +38,10 @@ def main(names):
         out = cp.empty((1, rows), dtype=cp.float32)
         gpu.mmvq(tid, w, rows, k, act, out=out)
         cp.cuda.get_current_stream().synchronize()
-        print(name, "rows_per_warp", gpu._rows_per_warp(tid, f"mmvq<{tid}, 1>", rows),
-              "resident warps", gpu._resident_warps(tid, f"mmvq<{tid}, 1>"),
-              "regs", gpu._function(tid, f"mmvq<{tid}, 1>").num_regs)
+        ((_, kname, rpw, grid),) = gpu.column_launches(tid, rows, 1, aligned=gpu.rows_aligned(w, type_by_id(tid).row_bytes(k)))
+        print(name, kname, "rows_per_warp", rpw, "grid", grid, "resident warps", gpu._resident_warps(tid, kname),
+              "regs", gpu._function(tid, kname).num_regs)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["Q1_0", "Q4_K"])
+    main(sys.argv[1:])
