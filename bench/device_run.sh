@@ -582,6 +582,18 @@ s8d)  # the test model joined: its GPU tests (window, GPU vs CPU) and decode, se
         | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
   done
   ;;
+s8e)  # long prompts' attention on tensor cores: its tests, then pp512 with it on and off (STRATA_CUDA_PROMPT_ATTENTION)
+  python3 -m pytest -q tests/test_cuda_attention_prefill.py tests/test_cuda_window.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for p in dense-8b seed-moe-full; do
+    for on in 1 0; do
+      STRATA_CUDA_PROMPT_ATTENTION=$on python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1 --tokens 16 --runs 3 2>&1 \
+          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[prompt-attention=$on] $p /"
+    done
+  done
+  ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py 2>&1 | tail -15 | tee $OUT/tests.log

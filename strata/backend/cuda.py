@@ -42,6 +42,7 @@ GQA_ENV = "STRATA_CUDA_ATT_GQA_MIN"
 PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floor to tiny packs
 PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
 SPLIT_ENV = "STRATA_CUDA_SPLIT_COLUMNS"  # small matrices' columns in parallel (mmvq.split_columns)
+PROMPT_ATTENTION_ENV = "STRATA_CUDA_PROMPT_ATTENTION"  # long prompts' attention on tensor cores
 
 MAX_SPLITS = 64  # attention key splits per (head, token)
 ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
@@ -155,6 +156,9 @@ class CudaBackend(Backend):
         self.prompt_gemm_min_weight = env_int(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT, 0)
         self.prompt_gemm_rows = env_int(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS, 1)
         self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
+        # long prompts' rows attend through attention_prefill (f16 tensor cores) where their head
+        # size has a kernel: the same per-request rule as their projections' GEMM path
+        self.prompt_attention = self.prefill and env_switch(PROMPT_ATTENTION_ENV)
         self._win_n = 0
         self.grouped = self.fused and env_switch(GROUPED_ENV)
         self.split_columns = env_switch(SPLIT_ENV)
@@ -462,10 +466,60 @@ class CudaBackend(Backend):
         qr = fk.rope_kv_write(q, k, v, self._win, layer, int8, base=rope.base, dim=rope.dim,
                               scale=rope.scale, neox=rope.neox, q_norm=q_norm, k_norm=k_norm, eps=eps)
         n, heads, d = (int(x) for x in q.shape)
+        n_kv = int(k.shape[1])
         q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
-        out = fk.attention_kv(qr, self._win, layer, int(k.shape[1]), int8, self.splits, q8, self._att_counters,
-                              gqa=n >= self.gqa_min_tokens and fk.heads_per_block(heads, int(k.shape[1])) >= self.gqa_min_heads)
+        prompts = self._prompt_spans(spans, d)
+        if not prompts:
+            out = fk.attention_kv(qr, self._win, layer, n_kv, int8, self.splits, q8, self._att_counters,
+                                  gqa=self._gqa(n, heads, n_kv))
+        else:
+            out = self._attend_with_prompts(layer, qr, spans, prompts, n_kv, int8, q8)
         self._q8_memo = (out, q8) if q8 is not None else None  # the output projection reads them
+        return out
+
+    def _gqa(self, n: int, heads: int, n_kv: int) -> bool:
+        return n >= self.gqa_min_tokens and self._fk.heads_per_block(heads, n_kv) >= self.gqa_min_heads
+
+    def _prompt_spans(self, spans: Sequence[Any], d: int) -> list[tuple[int, int, Any]]:
+        """(first row, end row, span) of each long prompt's rows in the window, where they take
+        attention_prefill."""
+        from strata.kernels.cuda import attention_prefill as fa
+
+        if not (self.prompt_attention and fa.supported(d)):
+            return []
+        out, off = [], 0
+        for sp in spans:
+            if getattr(sp, "long_prompt", False):
+                out.append((off, off + int(sp.count), sp))
+            off += int(sp.count)
+        return out
+
+    def _attend_with_prompts(self, layer: int, qr: Any, spans: Sequence[Any], prompts: list, n_kv: int,
+                             int8: bool, q8: Any) -> Any:
+        """Long prompts' rows through attention_prefill, the others through attention_kv. The
+        scheduler puts prefill rows after decode rows, so the prompts usually end the window:
+        attention_kv then takes only the rows before them (a table of their own spans); otherwise
+        it takes every row and the prompts' rows are overwritten."""
+        from strata.kernels.cuda import attention_prefill as fa
+
+        cp, fk, mm = self.xp, self._fk, self._mmvq
+        n, heads, d = (int(x) for x in qr.shape)
+        out = cp.empty((n, heads * d), dtype=cp.float32)
+        first = prompts[0][0]
+        tail = all(a == b for (_, a, _), (b, _, _) in zip(prompts, prompts[1:])) and prompts[-1][1] == n
+        if not tail:
+            fk.attention_kv(qr, self._win, layer, n_kv, int8, self.splits, q8, self._att_counters,
+                            gqa=self._gqa(n, heads, n_kv), out=out)
+        elif first:
+            head_spans = spans[: next(i for i, sp in enumerate(spans) if sp is prompts[0][2])]
+            table = cp.asarray(self.window_table(head_spans))
+            part = mm.Q8Buffer(q8.q[:first], q8.meta[:first], q8.s[:first], first, q8.k) if q8 is not None else None
+            fk.attention_kv(qr[:first], table, layer, n_kv, int8, self.splits_for(head_spans), part,
+                            self._att_counters, gqa=self._gqa(first, heads, n_kv), out=out[:first])
+        for a, b, sp in prompts:
+            fa.attention_prefill(qr[a:b], sp.cache, layer, int(sp.start), out[a:b])
+            if q8 is not None:
+                mm.quantize_q8_1(out[a:b], mm.Q8Buffer(q8.q[a:b], q8.meta[a:b], q8.s[a:b], b - a, q8.k))
         return out
 
     def add_rms_norm(self, x: Any, y: Any, weight: Any, eps: float) -> tuple[Any, Any]:

@@ -227,7 +227,7 @@ def heads_per_block(n_head: int, n_kv: int) -> int:
 
 
 def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q8=None, counters=None,
-                 gqa: bool = False):
+                 gqa: bool = False, out=None):
     """Attention of the window's rotated queries q (n, n_head, d) contiguous over their spans'
     caches, key chunks spread over `splits` thread blocks per (head, token). -> (n, n_head * d).
     q8: an mmvq.Q8Buffer (n, n_head * d) to receive the output's Q8_1 blocks too (d % 32 == 0).
@@ -235,11 +235,12 @@ def attention_kv(q, win, layer: int, n_kv: int, int8_cache: bool, splits: int, q
     last split block of each (token, head) merges the partials itself; without it (or when too
     small) a second launch, attention_kv_merge, does. gqa: one block takes several query heads
     of a KV group (heads_per_block), sharing the K/V loads: the same bits, less cache traffic
-    (prefill windows)."""
+    (prefill windows). out: a float32 (n, n_head * d) C-contiguous array to write into (else new)."""
     cp = _cp()
     n, n_head, d = (int(s) for s in q.shape)
     hpb = heads_per_block(n_head, n_kv) if gqa else 1
-    out = cp.empty((n, n_head * d), dtype=cp.float32)
+    if out is None:
+        out = cp.empty((n, n_head * d), dtype=cp.float32)
     part = cp.empty((n, n_head, splits, d + 2), dtype=cp.float32) if splits > 1 else out
     qargs = (q8.q, q8.meta, q8.s) if q8 is not None and d % 32 == 0 else (np.uint64(0),) * 3
     fuse_merge = splits > 1 and counters is not None and counters.size >= n * n_head
