@@ -19,10 +19,20 @@ decode_vs_base() {
     python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
         | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
   done
+  synth_big
+  big_decode "new base"
+}
+
+# The dense-8b and seed-moe-full packs under /tmp (random valid blocks at their real shapes).
+synth_big() {
   python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
 for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+}
+
+# Their decode at B=1 and B=4 (and pp512) for each label in $1.
+big_decode() {
   for p in dense-8b seed-moe-full; do
-    for v in new base; do
+    for v in $1; do
       python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
           | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
     done
@@ -563,14 +573,8 @@ s8c)  # first half of the test model; GPU tests without it; dense-8b and seed-mo
   python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_sample.py tests/test_cuda_env_knobs.py \
       tests/test_cuda_decode_host.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
-  for p in dense-8b seed-moe-full; do
-    for v in new base; do
-      python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
-    done
-  done
+  synth_big
+  big_decode "new base"
   ;;
 s8d)  # the test model joined: its GPU tests (window, GPU vs CPU) and decode, session 8 vs session start
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
@@ -585,14 +589,28 @@ s8d)  # the test model joined: its GPU tests (window, GPU vs CPU) and decode, se
 s8e)  # long prompts' attention on tensor cores: its tests, then pp512 with it on and off (STRATA_CUDA_PROMPT_ATTENTION)
   python3 -m pytest -q tests/test_cuda_attention_prefill.py tests/test_cuda_window.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  synth_big
   for p in dense-8b seed-moe-full; do
     for on in 1 0; do
       STRATA_CUDA_PROMPT_ATTENTION=$on python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1 --tokens 16 --runs 3 2>&1 \
           | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[prompt-attention=$on] $p /"
     done
   done
+  ;;
+s8f)  # final: first half of the test model; every GPU test that does not need it
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_attention_prefill.py tests/test_cuda_prefill.py \
+      tests/test_cuda_sample.py tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_prefill_host.py \
+      > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s8g)  # final: the test model joined; the tests that need it, and its decode and pp512
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q tests/test_cuda_window.py \
+      tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+      | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1
