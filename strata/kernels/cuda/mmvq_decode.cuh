@@ -48,13 +48,16 @@ __device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, i
 // are the arrays KV_IQ4NL_W and KV_FP4_W.
 
 // TAB_WORDS / table(): the codebook a type reads (copied to shared memory per thread block;
-// decode gets it as `tab`); 1 / nullptr for types without one.
+// decode gets it as `tab`); 1 / nullptr for types without one. TSTRIDE: word i of the codebook
+// is tab[i * TSTRIDE] (the kernels keep TSTRIDE copies interleaved for the IQ3 types: see
+// Banks in mmvq_kernels.cuh; the dequantizer and the host check use one copy).
 #define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_)             \
     template <> struct TypeOf<ID_> {                                             \
         static constexpr int ID = ID_, BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
         static constexpr int ORDER = ORDER_;                                     \
         static constexpr bool MIN = MIN_;                                        \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
+        template <int TSTRIDE = 1>                                               \
         __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
 #define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER)
 #define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, WEIGHT_ORDER)
@@ -341,6 +344,22 @@ __device__ __forceinline__ void signed_pair_t(const uint2 g, const uint2 m, int&
     a = apply_signs(g.x, m.x);
     c = apply_signs(g.y, m.y);
 }
+// Word i of an IQ3 codebook kept in TSTRIDE interleaved copies, tab at this lane's copy. On the
+// device the shared address is formed here (one shift-add per lookup): written as tab[i *
+// TSTRIDE], the compiler folds the lane's copy into each index and spends two.
+template <int TSTRIDE>
+__device__ __forceinline__ u32 grid_word(const u32* tab, u32 i) {
+#ifdef __CUDA_ARCH__
+    if (TSTRIDE > 1) {
+        u32 v;
+        const u32 a = (u32)__cvta_generic_to_shared(tab) + i * (4u * TSTRIDE);
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+        return v;
+    }
+#endif
+    return tab[i * TSTRIDE];
+}
+
 // IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
 TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, GRID_IQ2XXS_W) {
     u32 w[2];
@@ -396,8 +415,8 @@ TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS_W) {
     for (int l = 0; l < 4; ++l) {
         const uint2 m = sign_masks(ksigns((aux >> (7 * l)) & 127));
         const u32 idx = l < 2 ? q01 : q23;
-        r.q[2 * l] = apply_signs(tab[__byte_perm(idx, 0, 0x4440 + 2 * (l & 1))], m.x);
-        r.q[2 * l + 1] = apply_signs(tab[__byte_perm(idx, 0, 0x4441 + 2 * (l & 1))], m.y);
+        r.q[2 * l] = apply_signs(grid_word<TSTRIDE>(tab, __byte_perm(idx, 0, 0x4440 + 2 * (l & 1))), m.x);
+        r.q[2 * l + 1] = apply_signs(grid_word<TSTRIDE>(tab, __byte_perm(idx, 0, 0x4441 + 2 * (l & 1))), m.y);
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.5f;
 }
@@ -416,8 +435,8 @@ TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S_W) {
         const u32 i0 = __byte_perm(idx, 0, 0x4440 + 2 * (l & 1)) | ((qh << (8 - 2 * l)) & 256);
         const u32 i1 = __byte_perm(idx, 0, 0x4441 + 2 * (l & 1)) | ((qh << (7 - 2 * l)) & 256);
         const uint2 m = sign_masks(__byte_perm(sg, 0, 0x4440 + l));
-        r.q[2 * l] = apply_signs(tab[i0], m.x);
-        r.q[2 * l + 1] = apply_signs(tab[i1], m.y);
+        r.q[2 * l] = apply_signs(grid_word<TSTRIDE>(tab, i0), m.x);
+        r.q[2 * l + 1] = apply_signs(grid_word<TSTRIDE>(tab, i1), m.y);
     }
     const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
     r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);
