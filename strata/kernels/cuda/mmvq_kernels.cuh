@@ -341,32 +341,17 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
         if (++cstage == S) cstage = 0;
         coff += TILE;
         if (++t == ntiles) {  // row group done: every (row, column) sum over the 32 lanes
-            // Up to 16 sums (4 columns) transposed; more in place, one butterfly each: the same
-            // addition tree either way, so the same bits (the transposed form of 32 sums held
-            // too many registers at once: the grouped MoE kernel spilled at its 128).
-            constexpr int V = RPW * NC, P = V <= 4 ? 4 : V <= 8 ? 8 : 16;
-            if constexpr (V <= 16) {
-                float v[32];  // the first P used
+            constexpr int V = RPW * NC, P = V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : 32;
+            static_assert(V <= 32, "more sums per warp than lanes");
+            float v[32];  // the first P used
 #pragma unroll
-                for (int i = 0; i < P; ++i) v[i] = i < V ? acc[i / NC][i % NC] : 0.0f;
-                const float sum = transposed_sum<P>(v);
-                constexpr int SHIFT = P == 4 ? 3 : P == 8 ? 2 : 1;  // 5 - log2(P)
-                const int i = lane >> SHIFT, rr = i / NC, j = i % NC;  // the sum this lane holds
-                const int row = r0 + g * RPW + rr;
-                if ((lane & ((1 << SHIFT) - 1)) == 0 && i < V && row < r1 && j < written)
-                    out[(size_t)j * out_col_stride + row] = sum;
-            } else {
-#pragma unroll
-                for (int rr = 0; rr < RPW; ++rr) {
-                    warp_sum<NC>(acc[rr]);
-                    const int row = r0 + g * RPW + rr;
-                    if (lane == 0 && row < r1) {
-#pragma unroll
-                        for (int j = 0; j < NC; ++j)
-                            if (j < written) out[(size_t)j * out_col_stride + row] = acc[rr][j];
-                    }
-                }
-            }
+            for (int i = 0; i < P; ++i) v[i] = i < V ? acc[i / NC][i % NC] : 0.0f;
+            const float sum = transposed_sum<P>(v);
+            constexpr int SHIFT = P == 4 ? 3 : P == 8 ? 2 : P == 16 ? 1 : 0;  // 5 - log2(P)
+            const int i = lane >> SHIFT, rr = i / NC, j = i % NC;             // the sum this lane holds
+            const int row = r0 + g * RPW + rr;
+            if ((lane & ((1 << SHIFT) - 1)) == 0 && i < V && row < r1 && j < written)
+                out[(size_t)j * out_col_stride + row] = sum;
 #pragma unroll
             for (int rr2 = 0; rr2 < RPW; ++rr2)
 #pragma unroll
