@@ -163,12 +163,12 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
 
 // Codebook of the type (IQ grids) copied into shared memory once per thread block: random
 // per-lane lookups are far cheaper there than through L1. The IQ3 codebooks (4-byte words, 8
-// random lookups per 32 weights) are kept in Banks<T>::N = 8 interleaved copies, word i of copy
+// random lookups per 32 weights) are kept in Banks<T, NC>::N = 8 interleaved copies, word i of copy
 // c at i * 8 + c, and lane l reads copy l % 8: its lookups then fall in banks 8 (i % 4) + l % 8,
 // so only the 4 lanes of a copy can collide (~2 wavefronts per lookup instead of ~3.4 for 32
 // lanes over one copy; ncu S8-7: 58% of IQ3_S's shared wavefronts were such conflicts).
-// Up to 4 columns (decode windows): wider kernels hold more registers, and the grouped MoE
-// prefill kernel spilled 64 bytes with the banked lookups.
+// Up to 4 columns (decode windows, S8-11: +5%); the wider kernels, the grouped MoE one among
+// them, sit at their 128-register cap and keep one copy (not measured with more).
 template <class T, int NC> struct Banks {
     static constexpr int N = (T::ID == 18 || T::ID == 21) && NC <= 4 ? 8 : 1;  // IQ3_XXS, IQ3_S
     static constexpr int WORDS = T::TAB_WORDS * N;
@@ -192,9 +192,9 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // load serves RPW rows. out_col_stride: distance between columns in out; only the first
 // `written` columns are stored (the rest are padding a caller may read past its columns).
 //
-// A16: every row starts on a 16-byte boundary (row_bytes % 16 == 0, w 16-aligned): the tiles
-// (when a multiple of 16 bytes) then sit at known offsets in shared memory and the decoders' word alignment folds to
-// per-lane constants (S8-4: 5-10% fewer instructions on Q2_0, Q4_K, IQ4_NL).
+// A16: every row starts on a 16-byte boundary (row_bytes % 16 == 0, w 16-aligned): when a tile
+// is a multiple of 16 bytes, the copies need no alignment arithmetic and each row's tile starts
+// at a known offset of its stage (S8-4: 5-10% fewer instructions on Q2_0, Q4_K, IQ4_NL).
 // Lane l takes chunks l, l + 32, l + 64 ... of every row, in order, whatever the tile
 // geometry: a row's sum (and its bits) depends on the type alone. Addresses are kept
 // incrementally (row pointers set once per row group, advanced a tile at a time; stage
@@ -209,8 +209,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
     constexpr int TILE = TB * T::TS;  // bytes of a full tile of one row
     constexpr int NJ = (G::MAXP + 31) / 32;
-    // aligned rows keep their tiles aligned only when a tile is a multiple of 16 bytes (not Q6_K's
-    // 840 or IQ2_XXS's 264): the others take the general path in their A16 instance too
+    // aligned rows keep their tiles aligned only when a tile is a multiple of 16 bytes (not
+    // Q6_K's 840): such a type takes the general path in its A16 instance too
     constexpr bool AL = A16 && TILE % 16 == 0;
     const int lane = threadIdx.x & 31;
     const int kb = k / 32;
