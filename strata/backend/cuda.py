@@ -137,12 +137,14 @@ class CudaBackend(Backend):
     def __init__(self, no_native: set[str] | None = None, fused: bool | None = None):
         import cupy as cp
 
+        from strata.kernels.cuda import attention_prefill
         from strata.kernels.cuda import fused as fused_kernels
         from strata.kernels.cuda import mmvq
 
         self.xp = cp
         self._mmvq = mmvq
         self._fk = fused_kernels
+        self._fa = attention_prefill
         self.fused = env_switch(FUSED_ENV) if fused is None else fused
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
@@ -155,10 +157,12 @@ class CudaBackend(Backend):
         self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
         self.prompt_gemm_min_weight = env_int(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT, 0)
         self.prompt_gemm_rows = env_int(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS, 1)
-        self._prompt_rows: list[tuple[int, int]] = []  # rows of long-prompt spans in the current window
-        # long prompts' rows attend through attention_prefill (f16 tensor cores) where their head
-        # size has a kernel: the same per-request rule as their projections' GEMM path
-        self.prompt_attention = self.prefill and env_switch(PROMPT_ATTENTION_ENV)
+        # (first row, end row, span) of the current window's long-prompt spans, and their rows as
+        # the projections' prompt path sees them (emptied for the head's rows)
+        self._prompt_spans: list[tuple[int, int, Any]] = []
+        self._prompt_rows: list[tuple[int, int]] = []
+        self._head_attention = None  # (table, splits) of the rows before the prompts, once per window
+        self.prompt_attention = self.prefill and env_switch(PROMPT_ATTENTION_ENV)  # (attend)
         self._win_n = 0
         self.grouped = self.fused and env_switch(GROUPED_ENV)
         self.split_columns = env_switch(SPLIT_ENV)
@@ -392,13 +396,14 @@ class CudaBackend(Backend):
     def begin_window(self, spans: Sequence[Any]) -> Any:
         """Uploads the window table (fused.cu) unless a graph runner filled its own buffer;
         returns the positions, the table's first n entries."""
-        self._q8_memo = self._plan_memo = None
+        self._q8_memo = self._plan_memo = self._head_attention = None
         n = int(sum(sp.count for sp in spans))
-        self._win_n, self._prompt_rows, off = n, [], 0
+        self._win_n, self._prompt_spans, off = n, [], 0
         for sp in spans:
             if self.prefill and getattr(sp, "long_prompt", False):
-                self._prompt_rows.append((off, off + int(sp.count)))
+                self._prompt_spans.append((off, off + int(sp.count), sp))
             off += int(sp.count)
+        self._prompt_rows = [(a, b) for a, b, _ in self._prompt_spans]
         if not self.fused or not self._cuda_caches(spans):
             self._win = None
             return self.xp.asarray(window_positions(spans))
@@ -468,7 +473,9 @@ class CudaBackend(Backend):
         n, heads, d = (int(x) for x in q.shape)
         n_kv = int(k.shape[1])
         q8 = self._mmvq.empty_q8(n, heads * d) if d % self._mmvq.QK == 0 else None
-        prompts = self._prompt_spans(spans, d)
+        # long prompts' rows attend through attention_prefill (f16 tensor cores) where their head
+        # size has a kernel: the same per-request rule as their projections' GEMM path
+        prompts = self._prompt_spans if self.prompt_attention and self._fa.supported(d) else []
         if not prompts:
             out = fk.attention_kv(qr, self._win, layer, n_kv, int8, self.splits, q8, self._att_counters,
                                   gqa=self._gqa(n, heads, n_kv))
@@ -480,29 +487,13 @@ class CudaBackend(Backend):
     def _gqa(self, n: int, heads: int, n_kv: int) -> bool:
         return n >= self.gqa_min_tokens and self._fk.heads_per_block(heads, n_kv) >= self.gqa_min_heads
 
-    def _prompt_spans(self, spans: Sequence[Any], d: int) -> list[tuple[int, int, Any]]:
-        """(first row, end row, span) of each long prompt's rows in the window, where they take
-        attention_prefill."""
-        from strata.kernels.cuda import attention_prefill as fa
-
-        if not (self.prompt_attention and fa.supported(d)):
-            return []
-        out, off = [], 0
-        for sp in spans:
-            if getattr(sp, "long_prompt", False):
-                out.append((off, off + int(sp.count), sp))
-            off += int(sp.count)
-        return out
-
     def _attend_with_prompts(self, layer: int, qr: Any, spans: Sequence[Any], prompts: list, n_kv: int,
                              int8: bool, q8: Any) -> Any:
         """Long prompts' rows through attention_prefill, the others through attention_kv. The
         scheduler puts prefill rows after decode rows, so the prompts usually end the window:
         attention_kv then takes only the rows before them (a table of their own spans); otherwise
         it takes every row and the prompts' rows are overwritten."""
-        from strata.kernels.cuda import attention_prefill as fa
-
-        cp, fk, mm = self.xp, self._fk, self._mmvq
+        cp, fk, fa, mm = self.xp, self._fk, self._fa, self._mmvq
         n, heads, d = (int(x) for x in qr.shape)
         out = cp.empty((n, heads * d), dtype=cp.float32)
         first = prompts[0][0]
@@ -511,10 +502,17 @@ class CudaBackend(Backend):
             fk.attention_kv(qr, self._win, layer, n_kv, int8, self.splits, q8, self._att_counters,
                             gqa=self._gqa(n, heads, n_kv), out=out)
         elif first:
-            head_spans = spans[: next(i for i, sp in enumerate(spans) if sp is prompts[0][2])]
-            table = cp.asarray(self.window_table(head_spans))
+            if self._head_attention is None:  # the same for every layer of the window
+                head_spans, off = [], 0
+                for sp in spans:  # the spans of rows [0, first)
+                    if off >= first:
+                        break
+                    head_spans.append(sp)
+                    off += int(sp.count)
+                self._head_attention = (cp.asarray(self.window_table(head_spans)), self.splits_for(head_spans))
+            table, splits = self._head_attention
             part = mm.Q8Buffer(q8.q[:first], q8.meta[:first], q8.s[:first], first, q8.k) if q8 is not None else None
-            fk.attention_kv(qr[:first], table, layer, n_kv, int8, self.splits_for(head_spans), part,
+            fk.attention_kv(qr[:first], table, layer, n_kv, int8, splits, part,
                             self._att_counters, gqa=self._gqa(first, heads, n_kv), out=out[:first])
         for a, b, sp in prompts:
             fa.attention_prefill(qr[a:b], sp.cache, layer, int(sp.start), out[a:b])

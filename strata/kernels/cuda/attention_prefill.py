@@ -42,9 +42,13 @@ def _cp():
 
 
 @functools.cache
+def _module():
+    return _cp().RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
+
+
+@functools.cache
 def _fn(name: str):
-    mod = _cp().RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
-    return mod.get_function(name)
+    return _module().get_function(name)
 
 
 def attention_prefill(q, cache, layer: int, p0: int, out):

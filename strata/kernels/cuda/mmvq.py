@@ -81,8 +81,8 @@ def _names(type_id: int) -> list[str]:
 
 
 # Rows that start on 16-byte boundaries (the weights 16-aligned, row_bytes a multiple of 16: most
-# real matrices) have kernel instances of their own for one column (decode, experts): the
-# decoders' word alignment is then known when they compile (mmvq_kernels.cuh, A16).
+# real matrices) have kernel instances of their own for one column (decode, experts): their tile
+# copies need no alignment arithmetic (mmvq_kernels.cuh, A16).
 def rows_aligned(w_dev, row_bytes: int) -> bool:
     if os.environ.get("STRATA_MMVQ_ALIGNED") == "0":  # benchmarks only: the general instances
         return False
