@@ -6,7 +6,9 @@ Method: weights of each type (random valid blocks) in several buffers whose tota
 past the L2 (so each launch reads its weights from HBM); activations pre-quantized; a CUDA
 graph of LAUNCHES mat-vecs that rotate over the buffers is replayed REPLAYS times, each replay
 timed with CUDA events; time per launch = median replay time / LAUNCHES (graph replay keeps
-Python launch overhead out). Bandwidth = weight bytes / time per launch. The copy reference
+Python launch overhead out; on sm_90+ the launches are programmatic dependent ones, each
+fetching its first weights while the one before it ends, as in decode windows, unless
+STRATA_CUDA_PDL=0). Bandwidth = weight bytes / time per launch. The copy reference
 moves a 1 GiB buffer (bytes read + bytes written over time, median of 20). The "read" column:
 a kernel that only reads each type's weight bytes, timed the same way (the ceiling a launch
 of that size reaches). Prints a table.
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
 
+from strata.kernels.cuda import launch as pdl  # noqa: E402
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
 from strata.kernels.ggml_types import type_by_id, type_by_name  # noqa: E402
 from strata.kernels.random_blocks import random_blocks  # noqa: E402
@@ -150,7 +153,8 @@ def main(argv=None) -> int:
     print(f"compiled {len(ids)} types in {time.perf_counter() - t0:.1f} s")
     dev = cp.cuda.runtime.getDeviceProperties(0)
     copy_gbs = copy_bandwidth()
-    print(f"device: {dev['name'].decode()}  copy (read+write): {copy_gbs:.0f} GB/s")
+    print(f"device: {dev['name'].decode()}  copy (read+write): {copy_gbs:.0f} GB/s  "
+          f"PDL in the graphs: {'on' if pdl.enabled() else 'off'} ({pdl.PDL_ENV})")
     print(f"W {args.rows} x {args.k}; time per launch (us) and weight GB/s; % = of copy bandwidth; "
           "read = a kernel that only reads the same bytes, us and % of copy (the ceiling at that size)")
     hdr = f"{'type':8s} {'MB':>7s} | read us    % " + "".join(f" | {c}col us   GB/s    %" for c in col_counts)

@@ -30,6 +30,7 @@ import numpy as np
 
 from strata.backend.base import Backend, RopeParams, TensorSource, window_positions
 from strata.errors import StrataError
+from strata.kernels.cuda.launch import launch
 from strata.kernels.dequant import dequantize, dequantize_rows
 from strata.kernels.ggml_types import type_by_id, type_by_name
 
@@ -339,7 +340,7 @@ class CudaBackend(Backend):
         fn, grid, lead = launch
         if out is None:
             out = cp.empty((n, p.rows), dtype=cp.float32)
-        fn(grid, (mm.WARPS * 32,), lead + (q8.q, q8.meta, out))
+        launch(fn, grid, (mm.WARPS * 32,), lead + (q8.q, q8.meta, out))  # PDL while captured
         return out
 
     def _run_prompt_rows(self, p: _Part, x: Any, q8: Any, out: Any) -> Any:

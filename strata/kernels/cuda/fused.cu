@@ -5,6 +5,9 @@
 // Compiled WITHOUT --use_fast_math and with explicit _rn intrinsics where the generic CuPy code
 // does separate multiplies and adds, so rope and swiglu give the same bits as the generic path
 // (no FMA contraction); rms_norm and attention differ only by summation order.
+//
+// Every kernel begins with allow_dependents() (pdl.cuh, prepended by fused.py): a mat-vec
+// launched after it may start then and fetch its first weight tiles while this one runs.
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
@@ -42,6 +45,7 @@ __device__ float block_max(float v, float* scratch) {
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (one block per row, rows contiguous)
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                         float* __restrict__ y, int n, float eps) {
+    allow_dependents();
     __shared__ float scratch[32];
     const float* xr = x + (long long)blockIdx.x * n;
     float* yr = y + (long long)blockIdx.x * n;
@@ -63,6 +67,7 @@ extern "C" __global__ void rope_f32(const float* __restrict__ x, float* __restri
                                     const long long* __restrict__ pos, int n_tok, int n_head, int hd,
                                     int dim, long long tok_stride, long long head_stride, double base,
                                     double scale, int neox) {
+    allow_dependents();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n_tok * n_head * hd) return;
     const int e = (int)(idx % hd);
@@ -100,6 +105,7 @@ extern "C" __global__ void rope_f32(const float* __restrict__ x, float* __restri
 // y (rows, cols) = g / (1 + exp(-g)) * u, g and u with row strides gs / us (elements).
 extern "C" __global__ void swiglu_f32(const float* __restrict__ g, const float* __restrict__ u,
                                       float* __restrict__ y, int rows, int cols, long long gs, long long us) {
+    allow_dependents();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * cols) return;
     const long long r = idx / cols, c = idx % cols;
@@ -115,6 +121,7 @@ extern "C" __global__ void attention_f32(const float* __restrict__ q, const floa
                                          const float* __restrict__ v, const long long* __restrict__ qpos,
                                          float* __restrict__ out, int n_head, int n_kv, int L, int d,
                                          float scale) {
+    allow_dependents();
     extern __shared__ float sm[];
     float* sc = sm;              // L scores, then probabilities
     float* scratch = sm + L;     // 32 floats for reductions
@@ -232,6 +239,7 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
                                            const float* __restrict__ w, float* __restrict__ x_out,
                                            float* __restrict__ h, int n, float eps, i8* __restrict__ q8,
                                            int* __restrict__ meta, float* __restrict__ s_out) {
+    allow_dependents();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * n;
@@ -266,6 +274,7 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
 extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* __restrict__ u,
                                      float* __restrict__ y, int rows, int cols, long long gs, long long us,
                                      i8* __restrict__ q8, int* __restrict__ meta, float* __restrict__ s_out) {
+    allow_dependents();
     const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= (long long)rows * cols / 32) return;
     const long long idx = blk * 32 + (threadIdx.x & 31);
@@ -334,6 +343,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
                                          int dim, double base, double scale, int neox,
                                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                          float eps) {
+    allow_dependents();
     __shared__ float cs_all[ROPE_WARPS][KV_MAX_PER_LANE * 16], sn_all[ROPE_WARPS][KV_MAX_PER_LANE * 16];
     __shared__ float row_all[ROPE_WARPS][KV_MAX_PER_LANE * 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -658,7 +668,7 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
         NAME(const float* __restrict__ q, const long long* __restrict__ win, int n, int n_head, int n_kv, \
              int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials,      \
              int* __restrict__ counters, i8* __restrict__ q8, int* __restrict__ meta,                     \
-             float* __restrict__ s_out, int hpb) {                                                         \
+             float* __restrict__ s_out, int hpb) { allow_dependents();                                                         \
         attention_kv_impl<INT8, GMAX>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, \
                                       q8, meta, s_out, hpb);                                             \
     }
@@ -671,6 +681,7 @@ ATTENTION_KV(attention_kv_gqa_i8, true, ATT_GQA_MAX)
 extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,
                                               float* __restrict__ out, i8* __restrict__ q8, int* __restrict__ meta,
                                               float* __restrict__ s_out) {
+    allow_dependents();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * splits * (d + 2);
     float M = NEG_INF;
@@ -749,6 +760,7 @@ __device__ __forceinline__ void moe_route_impl(const float* __restrict__ lr, int
 
 extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int norm,
                                      int* __restrict__ ids, float* __restrict__ wout) {
+    allow_dependents();
     const size_t t = blockIdx.x;
     if (n_expert <= 256)
         moe_route_impl<8>(logits + t * n_expert, n_expert, k, norm, ids + t * k, wout + t * k);
@@ -759,6 +771,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
 // y (n, e) = sum over j of d (n, k, e) * w (n, k), j ascending.
 extern "C" __global__ void moe_combine(const float* __restrict__ dd, const float* __restrict__ w, int n, int k,
                                        int e, float* __restrict__ y) {
+    allow_dependents();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * e) return;
     const long long t = idx / e, c = idx % e;

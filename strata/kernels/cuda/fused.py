@@ -34,7 +34,10 @@ def _cp():
 @functools.cache
 def _module():
     # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
-    return _cp().RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
+    # every kernel starts with allow_dependents() (pdl.cuh): the mat-vec after it may launch
+    # early and fetch its first weights while this one runs
+    pdl = _SOURCE.with_name("pdl.cuh").read_text()
+    return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",))
 
 
 @functools.cache

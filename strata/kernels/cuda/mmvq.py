@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.kernels.cuda.launch import launch
 from strata.kernels.ggml_types import BY_NAME, type_by_id
 
 MAX_COLS = 8  # columns per launch (llama.cpp's MMVQ_MAX_BATCH_SIZE)
@@ -66,11 +67,11 @@ def _cp():
 def _source() -> str:
     from strata.kernels.cuda.tables import table_source
 
-    files = ("mmvq_common.cuh", "mmvq_decode.cuh", "mmvq_kernels.cuh")
-    common, decode, kernels = ((_HERE / f).read_text() for f in files)
+    files = ("pdl.cuh", "mmvq_common.cuh", "mmvq_decode.cuh", "mmvq_kernels.cuh")
+    pdl, common, decode, kernels = ((_HERE / f).read_text() for f in files)
     lut16 = " || ".join(f"ID == {t}" for t in LOOKUP_4BIT)
     lut16 = f"template <int ID> struct LUT16 {{ static constexpr bool YES = {lut16}; }};\n"
-    return common + table_source() + decode + lut16 + kernels
+    return pdl + common + table_source() + decode + lut16 + kernels
 
 
 def _names(type_id: int) -> list[str]:
@@ -351,7 +352,7 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
                 w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
         return out
     for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes)):
-        _function(t.id, name)(grid, (WARPS * 32,), (
+        launch(_function(t.id, name), grid, (WARPS * 32,), (
             w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
             act.q[c0:], act.meta[c0:], out[c0:]))
     return out
@@ -393,7 +394,7 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None, q8: Q8Buf
         name = _ids_name(t.id, rows_aligned(w, row_bytes))
         rpw = _rows_per_warp(t.id, name, rows, ncols * n_used)
         qgrid = (-(-rows // (rpw * WARPS)), ncols * n_used)
-        _function(t.id, name)(qgrid, (WARPS * 32,), common + (np.int32(rpw), act.q, act.meta, out))
+        launch(_function(t.id, name), qgrid, (WARPS * 32,), common + (np.int32(rpw), act.q, act.meta, out))
     return out
 
 
@@ -419,16 +420,16 @@ def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8
         raise ValueError("mmvq_experts_pair: the two matrices must have the same experts and activations")
     fn = _pair_function(id1, id2, all(rows_aligned(w, row_bytes) for w, _, _, row_bytes in parts))
     resident = _resident_warps_of(fn)
-    outs, launch = [], []
+    outs, lead = [], []
     for w, n_expert, rows, row_bytes in parts:
         rpw = _rows_per_warp(0, "", rows, ncols * n_used, resident=resident)
         nb = -(-rows // (rpw * WARPS))
         out = cp.empty((ncols, n_used, rows), dtype=cp.float32)
         outs.append(out)
-        launch.append((w, np.int64(rows * row_bytes), np.int32(rows), np.int32(row_bytes), np.int32(rpw), nb, out))
+        lead.append((w, np.int64(rows * row_bytes), np.int32(rows), np.int32(row_bytes), np.int32(rpw), nb, out))
     if ncols * n_used:
-        (w1, eb1, r1, rb1, rpw1, nb1, o1), (w2, eb2, r2, rb2, rpw2, nb2, o2) = launch
-        fn((nb1 + nb2, ncols * n_used), (WARPS * 32,), (
+        (w1, eb1, r1, rb1, rpw1, nb1, o1), (w2, eb2, r2, rb2, rpw2, nb2, o2) = lead
+        launch(fn, (nb1 + nb2, ncols * n_used), (WARPS * 32,), (
             w1, eb1, r1, rb1, rpw1, np.int32(nb1), o1, w2, eb2, r2, rb2, rpw2, o2,
             np.int32(parts[0][1]), ids, np.int32(n_used), np.int32(q8.k), q8.q, q8.meta))
     return outs[0], outs[1]

@@ -265,6 +265,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     };
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
+    // launched early (pdl.cuh), the weights' first tiles are on their way while the kernel
+    // before this one finishes; the activations are its output
+    wait_prior_grids();
     float acc[RPW][NC];
 #pragma unroll
     for (int rr = 0; rr < RPW; ++rr)
@@ -395,6 +398,7 @@ __global__ void __launch_bounds__(WARPS * 32, MinBlocks<ID, NC>::N) mmvq(const u
     typedef TypeOf<ID> T;
     __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[Banks<T, NC>::WORDS];
+    allow_dependents();
     load_table<T, NC>(tab);
     const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     const size_t g = blockIdx.y;
@@ -415,6 +419,7 @@ __device__ __forceinline__ void expert_rows(const u8* __restrict__ w, long long 
     const int2 r = warp_rows(bx, rows_per_warp, rows);
     const int r0 = r.x, r1 = r.y;
     const int p = blockIdx.y;
+    wait_prior_grids();  // the ids are the routing kernel's output (pdl.cuh)
     const int e = ids[p];
     const int col = p / n_used;
     float* o = out + (size_t)p * rows;
@@ -436,6 +441,7 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids(const u8* __restrict__ w,
     typedef TypeOf<ID> T;
     __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[Banks<T, 1>::WORDS];
+    allow_dependents();
     load_table<T, 1>(tab);
     expert_rows<T, A16>(w, expert_bytes, n_expert, ids, n_used, rows, row_bytes, k, rows_per_warp, blockIdx.x, q8, meta,
                    out, smem[threadIdx.x >> 5], tab);
@@ -457,6 +463,7 @@ __global__ void __launch_bounds__(WARPS * 32) mmvq_ids_pair(
     __shared__ __align__(16) u8 smem[WARPS][S1 > S2 ? S1 : S2];
     __shared__ __align__(16) u32 tab[TW];
     u8* sbuf = smem[threadIdx.x >> 5];
+    allow_dependents();
     if ((int)blockIdx.x < nb1) {  // uniform per block: load_table's barrier is safe
         load_table<T1, 1>(tab);
         expert_rows<T1, A16>(w1, eb1, n_expert, ids, n_used, rows1, row_bytes1, k, rpw1, blockIdx.x, q8, meta, out1, sbuf, tab);
@@ -487,6 +494,8 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
     typedef TypeOf<ID> T;
     __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[Banks<T, GROUP_COLS>::WORDS];
+    allow_dependents();
+    wait_prior_grids();  // the tiles are a sort's output (pdl.cuh)
     if ((int)blockIdx.y >= *n_tiles) return;  // uniform per block, before load_table's barrier
     const int4 tile = tiles[blockIdx.y];  // (expert, first column, columns, -)
     load_table<T, GROUP_COLS>(tab);
@@ -507,6 +516,7 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
 // s = d * sum(q). Matches strata.kernels.activation_quant bit for bit.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int nblocks, i8* __restrict__ q8,
                                          QMeta* __restrict__ meta, float* __restrict__ s_out) {
+    allow_dependents();  // the mat-vecs after it fetch their first weights meanwhile
     const int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;

@@ -1,0 +1,16 @@
+// Programmatic dependent launch (sm_90+, strata/kernels/cuda/launch.py). A kernel launched
+// with it may start while the kernel before it in the stream still runs: until it calls
+// wait_prior_grids() it may read only what no earlier kernel writes (weights, code tables);
+// afterwards every earlier kernel has finished and its writes are visible. allow_dependents()
+// lets the next kernel, if launched that way, start now (by default it would wait for this
+// one's end). Both compile to nothing before sm_90, and are no-ops for ordinary launches.
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
