@@ -44,7 +44,8 @@ def _chain_setup(rng, ncols):
 def _run_chain(layers, experts, x0, bufs):
     """x -> (quantize, mmvq) per layer, each output scaled back to unit size by a CuPy op (an
     ordinary launch between two PDL ones), then expert ids from the last output and the
-    experts' mat-vec over it. Every buffer is preallocated (graph capture)."""
+    experts' mat-vec over it, then the gate / up pair over new ids. Every buffer but the pair's
+    outputs (its wrapper allocates them; the caller keeps them) is preallocated."""
     q8s, outs, ids, eout = bufs
     h = x0
     for (tid, w), q8, out in zip(layers, q8s, outs):
@@ -56,7 +57,10 @@ def _run_chain(layers, experts, x0, bufs):
     _ids_kernel()(h[:, :N_USED], ids)
     eid, ew = experts
     gpu.mmvq_experts(eid, ew, ids, h, out=eout, q8=q8s[-1])
-    return outs, ids, eout
+    # and the gate / up pair kernel (the compiler once hoisted its id load above the wait)
+    _ids_kernel()(eout[:, 0, :N_USED], ids)
+    g, u = gpu.mmvq_experts_pair(eid, ew, eid, ew, ids, q8s[-1])
+    return outs + [g, u], ids, eout
 
 
 def _ids_kernel():
@@ -91,6 +95,7 @@ def test_graph_with_pdl_equals_eager(ncols):
     outs, ids, eout = _run_chain(layers, experts, x0, eager_bufs)
     want = [cp.asnumpy(o) for o in outs] + [cp.asnumpy(ids), cp.asnumpy(eout)]
     assert all(np.isfinite(w).all() for w in want)
+    assert want[-2].min() >= 0 and want[-2].max() < N_EXPERT  # the ids
 
     bufs = _buffers(ncols)
     stream = cp.cuda.Stream(non_blocking=True)
@@ -102,6 +107,8 @@ def test_graph_with_pdl_equals_eager(ncols):
         graph = stream.end_capture()
     for _ in range(3):
         _poison(bufs)
+        for o in outs:  # the pair's outputs too (allocated in the capture)
+            o.fill(cp.nan)
         stream.synchronize()
         graph.launch(stream)
         stream.synchronize()

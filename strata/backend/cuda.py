@@ -327,17 +327,17 @@ class CudaBackend(Backend):
             # several launches: the wrapper splits the columns
             return mm.mmvq(p.type_id, p.blocks, p.rows, p.k, q8 if q8 is not None else x, out=out,
                            split=self.split_columns)
-        launch = p.launches.get(n)
-        if launch is None:
+        cached = p.launches.get(n)
+        if cached is None:
             # the launch mmvq.mmvq makes for n columns, with everything but the activations
             # and the output worked out once
             row_bytes = type_by_id(p.type_id).row_bytes(p.k)
             ((_, name, rpw, grid),) = mm.column_launches(p.type_id, p.rows, n, self.split_columns,
                                                          mm.rows_aligned(p.blocks, row_bytes))
-            launch = (mm._function(p.type_id, name), grid,
+            cached = (mm._function(p.type_id, name), grid,
                       (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(rpw)))
-            p.launches[n] = launch
-        fn, grid, lead = launch
+            p.launches[n] = cached
+        fn, grid, lead = cached
         if out is None:
             out = cp.empty((n, p.rows), dtype=cp.float32)
         launch(fn, grid, (mm.WARPS * 32,), lead + (q8.q, q8.meta, out))  # PDL while captured

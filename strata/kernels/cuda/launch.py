@@ -14,7 +14,7 @@ once per captured window rather than per replay. STRATA_CUDA_PDL=0 turns it off 
 compare both); on GPUs before sm_90, or a driver without cuLaunchKernelEx, it is never used
 and the kernels' PDL instructions compile to nothing.
 
-    launch(fn, grid, block, args)   fn a cupy Function; args as CuPy takes them
+    launch(fn, grid, block, args)   fn a cupy RawKernel (or Function); args as CuPy takes them
     enabled() -> bool               PDL available and not switched off
 """
 
@@ -93,7 +93,8 @@ def launch(fn, grid: tuple, block: tuple, args: tuple) -> None:
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    if not (enabled() and _capturing(stream)):
+    skip = os.environ.get("STRATA_CUDA_PDL_SKIP", "")  # DIAGNOSTIC (session 9): kernel-name substrings
+    if not (enabled() and _capturing(stream)) or (skip and any(x in getattr(fn, "name", "") for x in skip.split(","))):
         fn(grid, block, args)
         return
     values = [_c_arg(a) for a in args]  # kept alive until the call returns
@@ -103,6 +104,7 @@ def launch(fn, grid: tuple, block: tuple, args: tuple) -> None:
     g = tuple(grid) + (1,) * (3 - len(grid))
     b = tuple(block) + (1,) * (3 - len(block))
     cfg = _Config((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, stream.ptr, ctypes.pointer(attr), 1)
-    rc = _driver()(ctypes.byref(cfg), fn.ptr, params, None)
+    handle = getattr(fn, "kernel", fn).ptr  # a RawKernel's compiled cupy.cuda.Function
+    rc = _driver()(ctypes.byref(cfg), handle, params, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed (CUresult {rc}) for a {g} x {b} launch")

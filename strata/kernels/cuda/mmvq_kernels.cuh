@@ -66,6 +66,15 @@ struct QMeta {
     float d;
     int sums;
 };
+// One block's metadata through the read-only path, whatever the compiler knows of the pointer
+// (after_wait() hides that it points to global memory: a plain load would be a generic one).
+__device__ __forceinline__ QMeta ld_meta(const QMeta* p) {
+    const int2 v = __ldg((const int2*)p);
+    QMeta m;
+    m.d = __int_as_float(v.x);
+    m.sums = v.y;
+    return m;
+}
 
 // The activations of a chunk in the order of the type's codes (code_weight): a = weights
 // 0..15, c = 16..31 on entry. Done once per column and chunk, for all RPW rows.
@@ -268,6 +277,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // launched early (pdl.cuh), the weights' first tiles are on their way while the kernel
     // before this one finishes; the activations are its output
     wait_prior_grids();
+    q8 = after_wait(q8);
+    meta = after_wait(meta);
     float acc[RPW][NC];
 #pragma unroll
     for (int rr = 0; rr < RPW; ++rr)
@@ -301,7 +312,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                     const int4* qp = (const int4*)(q8 + (size_t)j * k) + 2 * gc;
                     pa[u][j] = __ldg(qp);
                     pb[u][j] = __ldg(qp + 1);
-                    pm[u][j] = (meta + (size_t)j * kb)[gc];
+                    pm[u][j] = ld_meta(meta + (size_t)j * kb + gc);
                 }
             }
         }
@@ -332,7 +343,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                     const int4* qp = (const int4*)(q8 + (size_t)j * k) + 2 * gc;
                     a = __ldg(qp);
                     b = __ldg(qp + 1);
-                    m = (meta + (size_t)j * kb)[gc];
+                    m = ld_meta(meta + (size_t)j * kb + gc);
                 }
                 activation_order<T::ORDER>(a, b);
 #pragma unroll
@@ -420,7 +431,7 @@ __device__ __forceinline__ void expert_rows(const u8* __restrict__ w, long long 
     const int r0 = r.x, r1 = r.y;
     const int p = blockIdx.y;
     wait_prior_grids();  // the ids are the routing kernel's output (pdl.cuh)
-    const int e = ids[p];
+    const int e = __ldg(after_wait(ids) + p);
     const int col = p / n_used;
     float* o = out + (size_t)p * rows;
     if (e < 0 || e >= n_expert) {
@@ -496,8 +507,8 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
     __shared__ __align__(16) u32 tab[Banks<T, GROUP_COLS>::WORDS];
     allow_dependents();
     wait_prior_grids();  // the tiles are a sort's output (pdl.cuh)
-    if ((int)blockIdx.y >= *n_tiles) return;  // uniform per block, before load_table's barrier
-    const int4 tile = tiles[blockIdx.y];  // (expert, first column, columns, -)
+    if ((int)blockIdx.y >= __ldg(after_wait(n_tiles))) return;  // uniform per block, before load_table's barrier
+    const int4 tile = __ldg(after_wait(tiles) + blockIdx.y);  // (expert, first column, columns, -)
     load_table<T, GROUP_COLS>(tab);
     const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     float* o = out + (size_t)tile.y * rows;

@@ -4,6 +4,7 @@
 // afterwards every earlier kernel has finished and its writes are visible. allow_dependents()
 // lets the next kernel, if launched that way, start now (by default it would wait for this
 // one's end). Both compile to nothing before sm_90, and are no-ops for ordinary launches.
+// Reads of what earlier kernels wrote go through after_wait(pointer) (below).
 __device__ __forceinline__ void wait_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -13,4 +14,13 @@ __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+// p for the loads that must follow wait_prior_grids(): the compiler takes loads of const
+// __restrict__ data for invariant and may hoist them above any barrier (it moved an expert id
+// load above the wait, S9-3), but not above the instruction that produces their address. The
+// two asm statements are volatile, so this one stays after the wait.
+template <class T>
+__device__ __forceinline__ T* after_wait(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
 }
