@@ -613,6 +613,15 @@ s9a)  # session 9: PDL (programmatic dependent launch) in captured graphs; first
     STRATA_MMVQ_ROWS_PER_WARP=$r python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw$r big] /"
   done | tee -a $OUT/pdl.log
   ;;
+s9c)  # expert ids and activations read from L2 (__ldcg) after the PDL wait: tests; MMVQ vs HEAD's __ldg (.gl/base), PDL on
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_mmvq.py tests/test_cuda_window.py tests/test_cuda_prefill.py \
+      > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new base new base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL,Q4_1 --cols 1,4,8 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+  done | tee $OUT/cg.log
+  ;;
 s9b)  # the test model joined: GPU tests that need it (graphs now with PDL); decode with PDL on / off; big packs too
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q tests/test_cuda_window.py \

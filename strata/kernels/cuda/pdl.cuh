@@ -24,3 +24,7 @@ __device__ __forceinline__ T* after_wait(T* p) {
     asm volatile("" : "+l"(p));
     return p;
 }
+// Those loads go to L2 (ld.global.cg, __ldcg), never through the read-only path (__ldg,
+// ld.global.nc): that path requires data that stays unchanged while the kernel lives, and a
+// kernel launched early lives while the one before it writes. Read through it, expert ids came
+// back stale from L1 on the H200 (S9-4: graph replays with NaN rows of out-of-range experts).
