@@ -66,9 +66,9 @@ struct QMeta {
     float d;
     int sums;
 };
-// One block's metadata, read as the activations are: from L2 (ld.global.cg, pdl.cuh says why).
+// One block's metadata, loaded as the activations are (ld_global, pdl.cuh says why).
 __device__ __forceinline__ QMeta ld_meta(const QMeta* p) {
-    const int2 v = __ldcg((const int2*)p);
+    const int2 v = ld_global((const int2*)p);
     QMeta m;
     m.d = __int_as_float(v.x);
     m.sums = v.y;
@@ -309,8 +309,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
 #pragma unroll
                 for (int j = 0; j < PJ; ++j) {
                     const int4* qp = (const int4*)(q8 + (size_t)j * k) + 2 * gc;
-                    pa[u][j] = __ldcg(qp);
-                    pb[u][j] = __ldcg(qp + 1);
+                    pa[u][j] = ld_global(qp);
+                    pb[u][j] = ld_global(qp + 1);
                     pm[u][j] = ld_meta(meta + (size_t)j * kb + gc);
                 }
             }
@@ -340,8 +340,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                     m = pm[u][j];
                 } else {
                     const int4* qp = (const int4*)(q8 + (size_t)j * k) + 2 * gc;
-                    a = __ldcg(qp);
-                    b = __ldcg(qp + 1);
+                    a = ld_global(qp);
+                    b = ld_global(qp + 1);
                     m = ld_meta(meta + (size_t)j * kb + gc);
                 }
                 activation_order<T::ORDER>(a, b);
@@ -430,7 +430,7 @@ __device__ __forceinline__ void expert_rows(const u8* __restrict__ w, long long 
     const int r0 = r.x, r1 = r.y;
     const int p = blockIdx.y;
     wait_prior_grids();  // the ids are the routing kernel's output (pdl.cuh)
-    const int e = __ldcg(after_wait(ids) + p);
+    const int e = ld_global(after_wait(ids) + p);
     const int col = p / n_used;
     float* o = out + (size_t)p * rows;
     if (e < 0 || e >= n_expert) {
@@ -506,8 +506,8 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
     __shared__ __align__(16) u32 tab[Banks<T, GROUP_COLS>::WORDS];
     allow_dependents();
     wait_prior_grids();  // the tiles are a sort's output (pdl.cuh)
-    if ((int)blockIdx.y >= __ldcg(after_wait(n_tiles))) return;  // uniform per block, before load_table's barrier
-    const int4 tile = __ldcg(after_wait(tiles) + blockIdx.y);  // (expert, first column, columns, -)
+    if ((int)blockIdx.y >= ld_global(after_wait(n_tiles))) return;  // uniform per block, before load_table's barrier
+    const int4 tile = ld_global(after_wait(tiles) + blockIdx.y);  // (expert, first column, columns, -)
     load_table<T, GROUP_COLS>(tab);
     const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     float* o = out + (size_t)tile.y * rows;

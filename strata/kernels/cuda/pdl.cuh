@@ -24,7 +24,24 @@ __device__ __forceinline__ T* after_wait(T* p) {
     asm volatile("" : "+l"(p));
     return p;
 }
-// Those loads go to L2 (ld.global.cg, __ldcg), never through the read-only path (__ldg,
-// ld.global.nc): that path requires data that stays unchanged while the kernel lives, and a
-// kernel launched early lives while the one before it writes. Read through it, expert ids came
-// back stale from L1 on the H200 (S9-4: graph replays with NaN rows of out-of-range experts).
+// Those loads are ordinary (weak) global loads: griddepcontrol.wait makes the earlier kernels'
+// writes visible to them, and they may be cached in L1, which the activations need (read by
+// every warp of an SM: from L2 only, __ldcg, the mat-vecs took 1.6-2x as long, S9-5). Never
+// the read-only path (__ldg, ld.global.nc): it requires data that stays unchanged while the
+// kernel lives, and a kernel launched early lives while the one before it writes. Read through
+// it, expert ids came back stale on the H200 (S9-4: graph replays with NaN rows).
+__device__ __forceinline__ int4 ld_global(const int4* p) {
+    int4 v;
+    asm("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int2 ld_global(const int2* p) {
+    int2 v;
+    asm("ld.global.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int ld_global(const int* p) {
+    int v;
+    asm("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
