@@ -613,6 +613,12 @@ s9a)  # session 9: PDL (programmatic dependent launch) in captured graphs; first
     STRATA_MMVQ_ROWS_PER_WARP=$r python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw$r big] /"
   done | tee -a $OUT/pdl.log
   ;;
+s9d)  # final tree: the GPU tests s9c / s9b did not run on it; the large-matrix MMVQ row, PDL on
+  python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_attention_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I|device)" | tee $OUT/big.log
+  ;;
 s9c)  # expert ids and activations read from L2 (__ldcg) after the PDL wait: tests; MMVQ vs HEAD's __ldg (.gl/base), PDL on
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_mmvq.py tests/test_cuda_window.py tests/test_cuda_prefill.py \

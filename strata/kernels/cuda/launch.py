@@ -93,8 +93,7 @@ def launch(fn, grid: tuple, block: tuple, args: tuple) -> None:
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    skip = os.environ.get("STRATA_CUDA_PDL_SKIP", "")  # DIAGNOSTIC (session 9): kernel-name substrings
-    if not (enabled() and _capturing(stream)) or (skip and any(x in getattr(fn, "name", "") for x in skip.split(","))):
+    if not (enabled() and _capturing(stream)):
         fn(grid, block, args)
         return
     values = [_c_arg(a) for a in args]  # kept alive until the call returns
