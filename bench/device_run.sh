@@ -613,6 +613,30 @@ s9a)  # session 9: PDL (programmatic dependent launch) in captured graphs; first
     STRATA_MMVQ_ROWS_PER_WARP=$r python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw$r big] /"
   done | tee -a $OUT/pdl.log
   ;;
+s9e)  # fused kernels and the quantizer PDL-launched too (wait first, no __restrict__ / __ldg): tests; big packs PDL on / off
+  cp .models/tm.part1 /tmp/tm.part1
+  python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py tests/test_cuda_mmvq.py tests/test_cuda_prefill.py \
+      tests/test_cuda_attention_prefill.py tests/test_cuda_sample.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  grep -qE "^FAILED" $OUT/tests.log && exit 1
+  synth_big
+  for p in dense-8b seed-moe-full; do
+    for v in 1 0; do
+      STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] $p /"
+    done
+  done
+  ;;
+s9f)  # the test model joined: its GPU tests; decode PDL on / off, interleaved
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in 1 0 1 0; do
+    STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] tm /"
+  done
+  ;;
 s9d)  # final tree: the GPU tests s9c / s9b did not run on it; the large-matrix MMVQ row, PDL on
   python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_attention_prefill.py tests/test_cuda_sample.py \
       tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1

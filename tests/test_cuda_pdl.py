@@ -1,7 +1,7 @@
 """Programmatic dependent launch (strata/kernels/cuda/launch.py, pdl.cuh), on a GPU.
 
-Captured in a CUDA graph, the MMVQ launches may start while the kernel before them runs; each
-must still read the activations (and expert ids) that kernel writes. A chain in which every
+Captured in a CUDA graph, the MMVQ, quantization and fused launches may start while the kernel
+before them runs; each must still read the activations (and expert ids) that kernel writes. A chain in which every
 launch consumes the previous one's output is captured, its buffers poisoned, and the replay
 must give the eager run's bits exactly. Kernels start early enough to read a stale buffer
 only where the wait in pdl.cuh is missing or misplaced: the poison then shows. On sm_90+ the
@@ -19,6 +19,7 @@ from tests.support.gpu import require_cuda  # noqa: E402
 
 cp = require_cuda()
 
+from strata.kernels.cuda import fused  # noqa: E402
 from strata.kernels.cuda import launch as pdl  # noqa: E402
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
 from strata.kernels.ggml_types import type_by_name  # noqa: E402
@@ -34,7 +35,8 @@ def _chain_setup(rng, ncols):
     layers = []
     for name in CHAIN:
         t = type_by_name(name)
-        layers.append((t.id, cp.asarray(random_blocks(t.id, DIM, DIM, rng))))
+        norm = cp.asarray(rng.uniform(0.5, 1.5, DIM).astype(np.float32))
+        layers.append((t.id, cp.asarray(random_blocks(t.id, DIM, DIM, rng)), norm))
     experts_t = type_by_name("IQ3_S")
     experts = cp.asarray(np.stack([random_blocks(experts_t.id, EXPERT_ROWS, DIM, rng) for _ in range(N_EXPERT)]))
     x0 = cp.asarray(rng.standard_normal((ncols, DIM)).astype(np.float32))
@@ -42,25 +44,29 @@ def _chain_setup(rng, ncols):
 
 
 def _run_chain(layers, experts, x0, bufs):
-    """x -> (quantize, mmvq) per layer, each output scaled back to unit size by a CuPy op (an
-    ordinary launch between two PDL ones), then expert ids from the last output and the
-    experts' mat-vec over it, then the gate / up pair over new ids. Every buffer but the pair's
-    outputs (its wrapper allocates them; the caller keeps them) is preallocated."""
+    """A residual stream as in a decode window: per layer out = W . q8 (mmvq), then
+    x = x + out, its RMSNorm and the norm's Q8_1 blocks for the next layer (add_rms_norm_q8, a
+    fused kernel); then expert ids from the last x (an ordinary CuPy kernel), the experts'
+    mat-vec, new ids from its output and the gate / up pair kernel over them. Every launch but
+    the ids' is a PDL one in the captured graph, each reading what the one before it wrote.
+    The fused kernel's and the pair's outputs are allocated by their wrappers (the caller keeps
+    them); the rest is preallocated."""
     q8s, outs, ids, eout = bufs
-    h = x0
-    for (tid, w), q8, out in zip(layers, q8s, outs):
-        gpu.quantize_q8_1(h, q8)
+    made = []
+    gpu.quantize_q8_1(x0, q8s[0])
+    x = x0
+    for (tid, w, norm_w), q8, q8_next, out in zip(layers, q8s, q8s[1:], outs):
         gpu.mmvq(tid, w, DIM, DIM, q8, out=out)
-        out *= cp.float32(1.0 / 64.0)
-        h = out
-    # ids from the last output: written by an ordinary kernel, read by the experts' launch
-    _ids_kernel()(h[:, :N_USED], ids)
+        x, h = fused.add_rms_norm_q8(x, out, norm_w, 1e-6, q8_next)
+        made += [x, h]
+    # ids from the last x: written by an ordinary kernel, read by the experts' launch
+    _ids_kernel()(x[:, :N_USED], ids)
     eid, ew = experts
-    gpu.mmvq_experts(eid, ew, ids, h, out=eout, q8=q8s[-1])
+    gpu.mmvq_experts(eid, ew, ids, x, out=eout, q8=q8s[-1])
     # and the gate / up pair kernel (the compiler once hoisted its id load above the wait)
     _ids_kernel()(eout[:, 0, :N_USED], ids)
     g, u = gpu.mmvq_experts_pair(eid, ew, eid, ew, ids, q8s[-1])
-    return outs + [g, u], ids, eout
+    return outs + made + [g, u], ids, eout
 
 
 def _ids_kernel():
@@ -69,7 +75,7 @@ def _ids_kernel():
 
 
 def _buffers(ncols):
-    q8s = [gpu.empty_q8(ncols, DIM) for _ in CHAIN]
+    q8s = [gpu.empty_q8(ncols, DIM) for _ in range(len(CHAIN) + 1)]
     outs = [cp.empty((ncols, DIM), dtype=cp.float32) for _ in CHAIN]
     ids = cp.empty((ncols, N_USED), dtype=cp.int32)
     eout = cp.empty((ncols, N_USED, EXPERT_ROWS), dtype=cp.float32)
@@ -107,7 +113,7 @@ def test_graph_with_pdl_equals_eager(ncols):
         graph = stream.end_capture()
     for _ in range(3):
         _poison(bufs)
-        for o in outs:  # the pair's outputs too (allocated in the capture)
+        for o in outs:  # the outputs allocated in the capture too
             o.fill(cp.nan)
         stream.synchronize()
         graph.launch(stream)

@@ -306,7 +306,7 @@ class CudaBackend(Backend):
         buf = mm.empty_q8(n, k)
         nblocks = n * (k // mm.QK)
         if nblocks:
-            mm._quant_kernel()(((nblocks * 32 + 255) // 256,), (256,), (x, np.int32(nblocks), buf.q, buf.meta, buf.s))
+            launch(mm._quant_kernel(), ((nblocks * 32 + 255) // 256,), (256,), (x, np.int32(nblocks), buf.q, buf.meta, buf.s))
         return buf
 
     def _run(self, p: _Part, x: Any, q8: Any, out: Any) -> Any:

@@ -6,8 +6,13 @@
 // does separate multiplies and adds, so rope and swiglu give the same bits as the generic path
 // (no FMA contraction); rms_norm and attention differ only by summation order.
 //
-// Every kernel begins with allow_dependents() (pdl.cuh, prepended by fused.py): a mat-vec
-// launched after it may start then and fetch its first weight tiles while this one runs.
+// Programmatic dependent launch (pdl.cuh, prepended by fused.py; launch.py): in a captured
+// graph these kernels start while the kernel before them runs. Each begins with
+// allow_dependents() (the next kernel may start too: a mat-vec fetches its first weight tiles)
+// and wait_prior_grids(), before any load. So no pointer here is __restrict__ and no load goes
+// through the read-only path (__ldg): what an earlier kernel writes is not read-only for the
+// lifetime of a kernel started early, and restrict-qualified loads may be hoisted above the
+// wait (S9-3, S9-4).
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
@@ -43,9 +48,10 @@ __device__ float block_max(float v, float* scratch) {
 }
 
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (one block per row, rows contiguous)
-extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
-                                        float* __restrict__ y, int n, float eps) {
+extern "C" __global__ void rms_norm_f32(const float* x, const float* w,
+                                        float* y, int n, float eps) {
     allow_dependents();
+    wait_prior_grids();
     __shared__ float scratch[32];
     const float* xr = x + (long long)blockIdx.x * n;
     float* yr = y + (long long)blockIdx.x * n;
@@ -63,11 +69,12 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
 // x (n_tok, n_head, hd) with element strides tok_stride / head_stride (last dim contiguous);
 // y contiguous (n_tok, n_head, hd). Angles in float64 as the generic path computes them:
 // pos / scale * base^(-2i/dim), cos/sin in float64 rounded to float32.
-extern "C" __global__ void rope_f32(const float* __restrict__ x, float* __restrict__ y,
-                                    const long long* __restrict__ pos, int n_tok, int n_head, int hd,
+extern "C" __global__ void rope_f32(const float* x, float* y,
+                                    const long long* pos, int n_tok, int n_head, int hd,
                                     int dim, long long tok_stride, long long head_stride, double base,
                                     double scale, int neox) {
     allow_dependents();
+    wait_prior_grids();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n_tok * n_head * hd) return;
     const int e = (int)(idx % hd);
@@ -103,9 +110,10 @@ extern "C" __global__ void rope_f32(const float* __restrict__ x, float* __restri
 }
 
 // y (rows, cols) = g / (1 + exp(-g)) * u, g and u with row strides gs / us (elements).
-extern "C" __global__ void swiglu_f32(const float* __restrict__ g, const float* __restrict__ u,
-                                      float* __restrict__ y, int rows, int cols, long long gs, long long us) {
+extern "C" __global__ void swiglu_f32(const float* g, const float* u,
+                                      float* y, int rows, int cols, long long gs, long long us) {
     allow_dependents();
+    wait_prior_grids();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * cols) return;
     const long long r = idx / cols, c = idx % cols;
@@ -117,11 +125,12 @@ extern "C" __global__ void swiglu_f32(const float* __restrict__ g, const float* 
 // q (t, n_head, d) contiguous; k, v (n_kv, L, d) contiguous float32; qpos (t,) absolute
 // positions (key j is masked when j > qpos); out (t, n_head * d). Query head h reads kv head
 // h / (n_head / n_kv) (GQA). Dynamic shared memory: (L + 32 + blockDim.x) floats.
-extern "C" __global__ void attention_f32(const float* __restrict__ q, const float* __restrict__ k,
-                                         const float* __restrict__ v, const long long* __restrict__ qpos,
-                                         float* __restrict__ out, int n_head, int n_kv, int L, int d,
+extern "C" __global__ void attention_f32(const float* q, const float* k,
+                                         const float* v, const long long* qpos,
+                                         float* out, int n_head, int n_kv, int L, int d,
                                          float scale) {
     allow_dependents();
+    wait_prior_grids();
     extern __shared__ float sm[];
     float* sc = sm;              // L scores, then probabilities
     float* scratch = sm + L;     // 32 floats for reductions
@@ -235,11 +244,12 @@ __device__ __forceinline__ void quant_block32(float v, int blk, i8* q8, int* met
 // x_out = x + y (y may be null: no add), h = rms_norm(x_out) * w, and h quantized to Q8_1
 // blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row,
 // up to one warp per 32-block (latency, not bandwidth, limits a decode row).
-extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const float* __restrict__ y,
-                                           const float* __restrict__ w, float* __restrict__ x_out,
-                                           float* __restrict__ h, int n, float eps, i8* __restrict__ q8,
-                                           int* __restrict__ meta, float* __restrict__ s_out) {
+extern "C" __global__ void add_rms_norm_q8(const float* x, const float* y,
+                                           const float* w, float* x_out,
+                                           float* h, int n, float eps, i8* q8,
+                                           int* meta, float* s_out) {
     allow_dependents();
+    wait_prior_grids();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * n;
@@ -271,10 +281,11 @@ extern "C" __global__ void add_rms_norm_q8(const float* __restrict__ x, const fl
 }
 
 // swiglu_f32 plus the Q8_1 blocks of its output (cols a multiple of 32): one warp per block.
-extern "C" __global__ void swiglu_q8(const float* __restrict__ g, const float* __restrict__ u,
-                                     float* __restrict__ y, int rows, int cols, long long gs, long long us,
-                                     i8* __restrict__ q8, int* __restrict__ meta, float* __restrict__ s_out) {
+extern "C" __global__ void swiglu_q8(const float* g, const float* u,
+                                     float* y, int rows, int cols, long long gs, long long us,
+                                     i8* q8, int* meta, float* s_out) {
     allow_dependents();
+    wait_prior_grids();
     const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= (long long)rows * cols / 32) return;
     const long long idx = blk * 32 + (threadIdx.x & 31);
@@ -335,15 +346,16 @@ __device__ __forceinline__ float rope_elem(const Row& xr, int e, int dim, int ne
 // per head (views into the qkv output). q_out (n, n_head, d) contiguous. int8 caches: one
 // scale per (head, position), amax / 127, q = rint(v / scale) clipped to +-127
 // (strata.model.kv_cache's math).
-extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(const float* __restrict__ q, long long q_ts, long long q_hs,
-                                         const float* __restrict__ k, long long k_ts, long long k_hs,
-                                         const float* __restrict__ v, long long v_ts, long long v_hs,
-                                         float* __restrict__ q_out, const long long* __restrict__ win,
+extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(const float* q, long long q_ts, long long q_hs,
+                                         const float* k, long long k_ts, long long k_hs,
+                                         const float* v, long long v_ts, long long v_hs,
+                                         float* q_out, const long long* win,
                                          int n, int n_head, int n_kv, int d, int layer, int int8_cache,
                                          int dim, double base, double scale, int neox,
-                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                         const float* q_norm, const float* k_norm,
                                          float eps) {
     allow_dependents();
+    wait_prior_grids();
     __shared__ float cs_all[ROPE_WARPS][KV_MAX_PER_LANE * 16], sn_all[ROPE_WARPS][KV_MAX_PER_LANE * 16];
     __shared__ float row_all[ROPE_WARPS][KV_MAX_PER_LANE * 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -431,7 +443,7 @@ template <bool INT8> struct KV8;
 template <> struct KV8<false> {
     uint4 r;
     __device__ __forceinline__ void load(const void* base, const float*, size_t row, int d, int e0) {
-        r = __ldg((const uint4*)((const u16*)base + row * d + e0));
+        r = *(const uint4*)((const u16*)base + row * d + e0);
     }
     __device__ __forceinline__ void unpack(float* f) const {
         const unsigned w[4] = {r.x, r.y, r.z, r.w};
@@ -446,8 +458,8 @@ template <> struct KV8<true> {
     uint2 r;
     float s;
     __device__ __forceinline__ void load(const void* base, const float* scales, size_t row, int d, int e0) {
-        r = __ldg((const uint2*)((const i8*)base + row * d + e0));
-        s = __ldg(scales + row);
+        r = *(const uint2*)((const i8*)base + row * d + e0);
+        s = scales[row];
     }
     __device__ __forceinline__ void unpack(float* f) const {
         const unsigned w[2] = {r.x, r.y};
@@ -472,11 +484,11 @@ template <> struct KV8<true> {
 // are the same operations in the same order as with one head per block, so the two give the
 // same bits and the host may pick either per window.
 template <bool INT8, int GMAX>
-__device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, const long long* __restrict__ win,
+__device__ __forceinline__ void attention_kv_impl(const float* q, const long long* win,
                                                   int n, int n_head, int n_kv, int d, int layer, float scale,
-                                                  float* __restrict__ out, float* __restrict__ partials,
-                                                  int* __restrict__ counters, i8* __restrict__ q8,
-                                                  int* __restrict__ meta, float* __restrict__ s_out, int hpb) {
+                                                  float* out, float* partials,
+                                                  int* counters, i8* q8,
+                                                  int* meta, float* s_out, int hpb) {
     __shared__ float sc[GMAX][ATT_CHUNK];
     __shared__ float qs[GMAX][KV_MAX_PER_LANE * 32];
     __shared__ float scratch[32];
@@ -665,10 +677,10 @@ __device__ __forceinline__ void attention_kv_impl(const float* __restrict__ q, c
 #define ATT_GQA_MAX 8  // query heads per block of the *_gqa kernels (fused.py: ATT_GQA_MAX)
 #define ATTENTION_KV(NAME, INT8, GMAX)                                                                   \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                            \
-        NAME(const float* __restrict__ q, const long long* __restrict__ win, int n, int n_head, int n_kv, \
-             int d, int layer, float scale, float* __restrict__ out, float* __restrict__ partials,      \
-             int* __restrict__ counters, i8* __restrict__ q8, int* __restrict__ meta,                     \
-             float* __restrict__ s_out, int hpb) { allow_dependents();                                                         \
+        NAME(const float* q, const long long* win, int n, int n_head, int n_kv, \
+             int d, int layer, float scale, float* out, float* partials,      \
+             int* counters, i8* q8, int* meta,                     \
+             float* s_out, int hpb) { allow_dependents(); wait_prior_grids();                                                         \
         attention_kv_impl<INT8, GMAX>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, \
                                       q8, meta, s_out, hpb);                                             \
     }
@@ -678,10 +690,11 @@ ATTENTION_KV(attention_kv_gqa_f16, false, ATT_GQA_MAX)
 ATTENTION_KV(attention_kv_gqa_i8, true, ATT_GQA_MAX)
 
 // Combine attention_kv's split partials (when it had no counters): grid (n_head, n), block 128.
-extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, int n_head, int d, int splits,
-                                              float* __restrict__ out, i8* __restrict__ q8, int* __restrict__ meta,
-                                              float* __restrict__ s_out) {
+extern "C" __global__ void attention_kv_merge(const float* part, int n_head, int d, int splits,
+                                              float* out, i8* q8, int* meta,
+                                              float* s_out) {
     allow_dependents();
+    wait_prior_grids();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * splits * (d + 2);
     float M = NEG_INF;
@@ -709,8 +722,8 @@ extern "C" __global__ void attention_kv_merge(const float* __restrict__ part, in
 // Each lane keeps the probabilities of experts lane, lane + 32, ... in registers (PER of them),
 // so the k rounds of selection are warp arg-maxes with no memory traffic.
 template <int PER>
-__device__ __forceinline__ void moe_route_impl(const float* __restrict__ lr, int n_expert, int k, int norm,
-                                               int* __restrict__ ids, float* __restrict__ wout) {
+__device__ __forceinline__ void moe_route_impl(const float* lr, int n_expert, int k, int norm,
+                                               int* ids, float* wout) {
     const int lane = threadIdx.x & 31;
     float mx = NEG_INF;
 #pragma unroll
@@ -758,9 +771,10 @@ __device__ __forceinline__ void moe_route_impl(const float* __restrict__ lr, int
     if (lane < k) wout[lane] = norm ? __fdiv_rn(mine, wsum) : mine;
 }
 
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_expert, int k, int norm,
-                                     int* __restrict__ ids, float* __restrict__ wout) {
+extern "C" __global__ void moe_route(const float* logits, int n_expert, int k, int norm,
+                                     int* ids, float* wout) {
     allow_dependents();
+    wait_prior_grids();
     const size_t t = blockIdx.x;
     if (n_expert <= 256)
         moe_route_impl<8>(logits + t * n_expert, n_expert, k, norm, ids + t * k, wout + t * k);
@@ -769,9 +783,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int n_exp
 }
 
 // y (n, e) = sum over j of d (n, k, e) * w (n, k), j ascending.
-extern "C" __global__ void moe_combine(const float* __restrict__ dd, const float* __restrict__ w, int n, int k,
-                                       int e, float* __restrict__ y) {
+extern "C" __global__ void moe_combine(const float* dd, const float* w, int n, int k,
+                                       int e, float* y) {
     allow_dependents();
+    wait_prior_grids();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * e) return;
     const long long t = idx / e, c = idx % e;

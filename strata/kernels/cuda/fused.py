@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.kernels.cuda.launch import launch
+
 _SOURCE = Path(__file__).with_name("fused.cu")
 _THREADS = 256
 ATTN_THREADS = 256
@@ -34,15 +36,20 @@ def _cp():
 @functools.cache
 def _module():
     # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
-    # every kernel starts with allow_dependents() (pdl.cuh): the mat-vec after it may launch
-    # early and fetch its first weights while this one runs
+    # every kernel starts with allow_dependents() and wait_prior_grids() (pdl.cuh, fused.cu)
     pdl = _SOURCE.with_name("pdl.cuh").read_text()
     return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",))
 
 
 @functools.cache
-def _fn(name: str):
+def _kernel(name: str):
     return _module().get_function(name)
+
+
+def _fn(name: str):
+    """Kernel `name`, called as a CuPy kernel is; launched with PDL while a graph is captured."""
+    kernel = _kernel(name)
+    return lambda grid, block, args: launch(kernel, grid, block, args)
 
 
 def _blocks(total: int) -> tuple[int]:

@@ -169,7 +169,7 @@ def quantize_q8_1(x_dev, out: Q8Buffer | None = None) -> Q8Buffer:
     if nblocks:
         threads = 256
         grid = (nblocks * 32 + threads - 1) // threads
-        _quant_kernel()((grid,), (threads,), (x, np.int32(nblocks), buf.q, buf.meta, buf.s))
+        launch(_quant_kernel(), (grid,), (threads,), (x, np.int32(nblocks), buf.q, buf.meta, buf.s))
     return buf
 
 
