@@ -49,7 +49,7 @@ def _kernel(name: str):
 def _fn(name: str):
     """Kernel `name`, called as a CuPy kernel is; launched with PDL while a graph is captured."""
     kernel = _kernel(name)
-    return lambda grid, block, args: launch(kernel, grid, block, args)
+    return lambda grid, block, args, shared_mem=0: launch(kernel, grid, block, args, shared_mem)
 
 
 def _blocks(total: int) -> tuple[int]:

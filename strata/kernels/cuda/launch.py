@@ -14,7 +14,7 @@ once per captured window rather than per replay. STRATA_CUDA_PDL=0 turns it off 
 compare both); on GPUs before sm_90, or a driver without cuLaunchKernelEx, it is never used
 and the kernels' PDL instructions compile to nothing.
 
-    launch(fn, grid, block, args)   fn a cupy RawKernel (or Function); args as CuPy takes them
+    launch(fn, grid, block, args, shared_mem=0)   fn a cupy RawKernel (or Function); args as CuPy takes them
     enabled() -> bool               PDL available and not switched off
 """
 
@@ -88,13 +88,14 @@ def _capturing(stream) -> bool:
     return stream.ptr != 0 and stream.is_capturing()
 
 
-def launch(fn, grid: tuple, block: tuple, args: tuple) -> None:
-    """fn(grid, block, args), with PDL while the current stream captures a graph (enabled())."""
+def launch(fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+    """fn(grid, block, args, shared_mem=...), with PDL while the current stream captures a
+    graph (enabled())."""
     import cupy
 
     stream = cupy.cuda.get_current_stream()
     if not (enabled() and _capturing(stream)):
-        fn(grid, block, args)
+        fn(grid, block, args, shared_mem=shared_mem)
         return
     values = [_c_arg(a) for a in args]  # kept alive until the call returns
     params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
@@ -102,7 +103,7 @@ def launch(fn, grid: tuple, block: tuple, args: tuple) -> None:
     attr.value.value = 1
     g = tuple(grid) + (1,) * (3 - len(grid))
     b = tuple(block) + (1,) * (3 - len(block))
-    cfg = _Config((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, stream.ptr, ctypes.pointer(attr), 1)
+    cfg = _Config((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), int(shared_mem), stream.ptr, ctypes.pointer(attr), 1)
     handle = getattr(fn, "kernel", fn).ptr  # a RawKernel's compiled cupy.cuda.Function
     rc = _driver()(ctypes.byref(cfg), handle, params, None)
     if rc != 0:
