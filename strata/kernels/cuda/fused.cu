@@ -50,8 +50,8 @@ __device__ float block_max(float v, float* scratch) {
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   (one block per row, rows contiguous)
 extern "C" __global__ void rms_norm_f32(const float* x, const float* w,
                                         float* y, int n, float eps) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     __shared__ float scratch[32];
     const float* xr = x + (long long)blockIdx.x * n;
     float* yr = y + (long long)blockIdx.x * n;
@@ -73,8 +73,8 @@ extern "C" __global__ void rope_f32(const float* x, float* y,
                                     const long long* pos, int n_tok, int n_head, int hd,
                                     int dim, long long tok_stride, long long head_stride, double base,
                                     double scale, int neox) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n_tok * n_head * hd) return;
     const int e = (int)(idx % hd);
@@ -112,8 +112,8 @@ extern "C" __global__ void rope_f32(const float* x, float* y,
 // y (rows, cols) = g / (1 + exp(-g)) * u, g and u with row strides gs / us (elements).
 extern "C" __global__ void swiglu_f32(const float* g, const float* u,
                                       float* y, int rows, int cols, long long gs, long long us) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)rows * cols) return;
     const long long r = idx / cols, c = idx % cols;
@@ -129,8 +129,8 @@ extern "C" __global__ void attention_f32(const float* q, const float* k,
                                          const float* v, const long long* qpos,
                                          float* out, int n_head, int n_kv, int L, int d,
                                          float scale) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     extern __shared__ float sm[];
     float* sc = sm;              // L scores, then probabilities
     float* scratch = sm + L;     // 32 floats for reductions
@@ -248,8 +248,8 @@ extern "C" __global__ void add_rms_norm_q8(const float* x, const float* y,
                                            const float* w, float* x_out,
                                            float* h, int n, float eps, i8* q8,
                                            int* meta, float* s_out) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * n;
@@ -284,8 +284,8 @@ extern "C" __global__ void add_rms_norm_q8(const float* x, const float* y,
 extern "C" __global__ void swiglu_q8(const float* g, const float* u,
                                      float* y, int rows, int cols, long long gs, long long us,
                                      i8* q8, int* meta, float* s_out) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= (long long)rows * cols / 32) return;
     const long long idx = blk * 32 + (threadIdx.x & 31);
@@ -354,8 +354,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
                                          int dim, double base, double scale, int neox,
                                          const float* q_norm, const float* k_norm,
                                          float eps) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     __shared__ float cs_all[ROPE_WARPS][KV_MAX_PER_LANE * 16], sn_all[ROPE_WARPS][KV_MAX_PER_LANE * 16];
     __shared__ float row_all[ROPE_WARPS][KV_MAX_PER_LANE * 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -680,7 +680,7 @@ __device__ __forceinline__ void attention_kv_impl(const float* q, const long lon
         NAME(const float* q, const long long* win, int n, int n_head, int n_kv, \
              int d, int layer, float scale, float* out, float* partials,      \
              int* counters, i8* q8, int* meta,                     \
-             float* s_out, int hpb) { allow_dependents(); wait_prior_grids();                                                         \
+             float* s_out, int hpb) { wait_prior_grids(); allow_dependents();                                                         \
         attention_kv_impl<INT8, GMAX>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, \
                                       q8, meta, s_out, hpb);                                             \
     }
@@ -693,8 +693,8 @@ ATTENTION_KV(attention_kv_gqa_i8, true, ATT_GQA_MAX)
 extern "C" __global__ void attention_kv_merge(const float* part, int n_head, int d, int splits,
                                               float* out, i8* q8, int* meta,
                                               float* s_out) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     const int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * splits * (d + 2);
     float M = NEG_INF;
@@ -773,8 +773,8 @@ __device__ __forceinline__ void moe_route_impl(const float* lr, int n_expert, in
 
 extern "C" __global__ void moe_route(const float* logits, int n_expert, int k, int norm,
                                      int* ids, float* wout) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     const size_t t = blockIdx.x;
     if (n_expert <= 256)
         moe_route_impl<8>(logits + t * n_expert, n_expert, k, norm, ids + t * k, wout + t * k);
@@ -785,8 +785,8 @@ extern "C" __global__ void moe_route(const float* logits, int n_expert, int k, i
 // y (n, e) = sum over j of d (n, k, e) * w (n, k), j ascending.
 extern "C" __global__ void moe_combine(const float* dd, const float* w, int n, int k,
                                        int e, float* y) {
-    allow_dependents();
     wait_prior_grids();
+    allow_dependents();
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)n * e) return;
     const long long t = idx / e, c = idx % e;

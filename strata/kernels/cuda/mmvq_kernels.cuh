@@ -527,8 +527,8 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
 // x is no __restrict__: launched early (pdl.cuh), it is not read-only while this kernel lives.
 extern "C" __global__ void quantize_q8_1(const float* x, int nblocks, i8* __restrict__ q8,
                                          QMeta* __restrict__ meta, float* __restrict__ s_out) {
-    allow_dependents();  // the mat-vecs after it fetch their first weights meanwhile
     wait_prior_grids();
+    allow_dependents();  // the mat-vecs after it fetch their first weights meanwhile
     const int blk = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;
