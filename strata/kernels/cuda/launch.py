@@ -93,8 +93,8 @@ def launch(fn, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> N
     graph (enabled())."""
     import cupy
 
-    stream = cupy.cuda.get_current_stream()
-    if not (enabled() and _capturing(stream)):
+    stream = cupy.cuda.get_current_stream() if enabled() else None
+    if stream is None or not _capturing(stream):
         fn(grid, block, args, shared_mem=shared_mem)
         return
     values = [_c_arg(a) for a in args]  # kept alive until the call returns
