@@ -57,6 +57,23 @@ drafts_vs_shipped() {
   done
 }
 
+# Session 9: decode of the test model (/tmp/tm.gguf), PDL on / off interleaved twice; of the
+# dense-8b and seed-moe-full packs (/tmp, synth_big) at B=1 and 4, on / off once.
+pdl_decode_tm() {
+  for v in 1 0 1 0; do
+    STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] tm /"
+  done
+}
+pdl_decode_big() {
+  for p in dense-8b seed-moe-full; do
+    for v in 1 0; do
+      STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] $p /"
+    done
+  done
+}
+
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
 s7a)  # session 7, first half of the test model; GPU tests of session 6's last mends (scheduler _forward, env_switch)
@@ -620,22 +637,14 @@ s9e)  # fused kernels and the quantizer PDL-launched too (wait first, no __restr
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   grep -qE "^FAILED" $OUT/tests.log && exit 1
   synth_big
-  for p in dense-8b seed-moe-full; do
-    for v in 1 0; do
-      STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] $p /"
-    done
-  done
+  pdl_decode_big
   ;;
 s9f)  # the test model joined: its GPU tests; decode PDL on / off, interleaved
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q tests/test_cuda_vs_cpu.py \
       tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  for v in 1 0 1 0; do
-    STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
-        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] tm /"
-  done
+  pdl_decode_tm
   ;;
 s9d)  # final tree: the GPU tests s9c / s9b did not run on it; the large-matrix MMVQ row, PDL on
   python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_attention_prefill.py tests/test_cuda_sample.py \
@@ -657,17 +666,9 @@ s9b)  # the test model joined: GPU tests that need it (graphs now with PDL); dec
   STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q tests/test_cuda_window.py \
       tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  for v in 1 0 1 0; do
-    STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
-        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] tm /"
-  done
+  pdl_decode_tm
   synth_big
-  for p in dense-8b seed-moe-full; do
-    for v in 1 0; do
-      STRATA_CUDA_PDL=$v python3 bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-          | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[pdl$v] $p /"
-    done
-  done
+  pdl_decode_big
   ;;
 s8f)  # final: first half of the test model; every GPU test that does not need it
   cp .models/tm.part1 /tmp/tm.part1
