@@ -8,8 +8,9 @@
 //
 // Programmatic dependent launch (pdl.cuh, prepended by fused.py; launch.py): in a captured
 // graph these kernels start while the kernel before them runs. Each begins with
-// allow_dependents() (the next kernel may start too: a mat-vec fetches its first weight tiles)
-// and wait_prior_grids(), before any load. So no pointer here is __restrict__ and no load goes
+// wait_prior_grids(), before any load, then allow_dependents() (the next kernel may start: a
+// mat-vec fetches its first weight tiles; allowed before the wait, launched-early kernels
+// cascaded and held SM slots, S9-8). So no pointer here is __restrict__ and no load goes
 // through the read-only path (__ldg): what an earlier kernel writes is not read-only for the
 // lifetime of a kernel started early, and restrict-qualified loads may be hoisted above the
 // wait (S9-3, S9-4).

@@ -36,19 +36,15 @@ def _cp():
 @functools.cache
 def _module():
     # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
-    # every kernel starts with allow_dependents() and wait_prior_grids() (pdl.cuh, fused.cu)
+    # every kernel starts with wait_prior_grids(), then allow_dependents() (pdl.cuh, fused.cu)
     pdl = _SOURCE.with_name("pdl.cuh").read_text()
     return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",))
 
 
 @functools.cache
-def _kernel(name: str):
-    return _module().get_function(name)
-
-
 def _fn(name: str):
     """Kernel `name`, called as a CuPy kernel is; launched with PDL while a graph is captured."""
-    kernel = _kernel(name)
+    kernel = _module().get_function(name)
     return lambda grid, block, args, shared_mem=0: launch(kernel, grid, block, args, shared_mem)
 
 

@@ -5,7 +5,8 @@ kernel then needs a few microseconds to fill the GPU: for decode's chains of mat
 each stream 1-30 MB of weights, the HBM idles through every such ramp and tail. A kernel
 launched with PDL may start as soon as every block of the kernel before it has called
 allow_dependents() (pdl.cuh): Strata's MMVQ kernels then issue their first weight copies (the
-weights are constant) and wait in wait_prior_grids() for the previous kernel's output.
+weights are constant) and wait in wait_prior_grids() for the previous kernel's output; the
+activation quantizer and the fused kernels (fused.cu) wait first, then allow their successor.
 
 CuPy launches kernels without launch attributes, so this goes through the driver's
 cuLaunchKernelEx by ctypes. It is used only while a CUDA graph is being captured (decode
