@@ -76,6 +76,17 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s10a)  # session 10: sign types decode RAW at one column, IQ3_S index by prmt, shared alignment: MMVQ vs HEAD (.gl/base); tests
+  for v in new base new base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types IQ3_S,IQ3_XXS,IQ2_XXS,IQ2_XS,IQ2_S,Q4_K --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+  done | tee $OUT/mmvq.log
+  for v in new base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,IQ3_XXS,Q4_K --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v big] /"
+  done | tee -a $OUT/mmvq.log
+  timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_pdl.py \
+      tests/test_cuda_decode_host.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
 s7a)  # session 7, first half of the test model; GPU tests of session 6's last mends (scheduler _forward, env_switch)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_sample.py \

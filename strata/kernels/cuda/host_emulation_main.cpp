@@ -1,6 +1,20 @@
 // Host driver for the decoder check (appended after host_emulation.h, the generated tables
 // and mmvq_decode.cuh): decode every chunk of the blocks in a file, write float32 weights
-// (code + IOFF) * scale + min, in weight order, to stdout.   usage: prog TYPE_ID N_BLOCKS FILE
+// (code + IOFF) * scale + min, in weight order, to stdout (exit 4: a RAW decode disagreed).
+// usage: prog TYPE_ID N_BLOCKS FILE
+// Sign types also decode RAW (signs left in Chunk::neg, as the one-column kernels take them):
+// every code q - neg must equal the signed decode's, else exit 4.
+template <int ID> static bool raw_matches(const u8* blk, int c, const Chunk& r) {
+    typedef TypeOf<ID> T;
+    if constexpr (!T::SIGNS) return true;
+    Chunk raw;
+    T::template decode<1, true>(blk, c, raw, T::table());
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++)
+            if ((i8)(r.q[i] >> (8 * j)) != (i8)((i8)(raw.q[i] >> (8 * j)) - (i8)(raw.neg[i] >> (8 * j)))) return false;
+    return true;
+}
+
 template <int ID> static void run(const u8* data, int nblk, float* out) {
     typedef TypeOf<ID> T;
     for (int b = 0; b < nblk; b++)
@@ -8,6 +22,7 @@ template <int ID> static void run(const u8* data, int nblk, float* out) {
             Chunk r;
             r.mn[0] = r.mn[1] = 0;
             T::decode(data + (size_t)b * T::TS, c, r, T::table());
+            if (!raw_matches<ID>(data + (size_t)b * T::TS, c, r)) exit(4);
             for (int i = 0; i < 8; i++)
                 for (int j = 0; j < 4; j++) {
                     const int code = (i8)((r.q[i] >> (8 * j)) & 0xFF), h = i / 4;

@@ -58,6 +58,18 @@ __device__ __forceinline__ void ldwords(const u8* p, u32 (&w)[N]) {
         prev = next;
     }
 }
+// Two runs of words whose offsets differ by a multiple of 4 (dist bytes from p to the second):
+// they share one alignment computation (the compiler does not see that the two are equal).
+template <int N, int M>
+__device__ __forceinline__ void ldwords2(const u8* p, int dist, u32 (&w)[N], u32 (&v)[M]) {
+    const u32 off = (u32)(size_t)p & 3u;
+    const u32* a = (const u32*)(p - off);
+    const u32* c = a + dist / 4;
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(a[i], a[i + 1], off * 8);
+#pragma unroll
+    for (int i = 0; i < M; ++i) v[i] = __funnelshift_r(c[i], c[i + 1], off * 8);
+}
 
 
 // 4 bits -> bytes 0x00/0xFF (bit i of s4 -> byte i). The multiply places bit i at bit 8i+7
@@ -80,8 +92,13 @@ __device__ __forceinline__ u32 ksigns(u32 s7) { return s7 | ((__popc(s7) & 1u) <
 // order (q[0..3]: weights 0..15, q[4..7]: weights 16..31), a float scale per 16-weight half
 // and (types with mins) a float min coefficient per half, multiplying the activation sum.
 // Integer offsets (Q4_0's -8 and the like) are the type's IOFF, applied to the integer dot.
+//
+// neg: sign masks a RAW decode left unapplied (TYPE_HEAD_S): q byte = g ^ m, neg byte = m (0 or
+// -1), so the code is q - neg (for m = -1: ~g + 1 = -g). The dot product then subtracts
+// dp4a(neg, a) once per word instead of the decoder negating bytes (exact integer sums).
 struct Chunk {
     int q[8];
     float sc[2];
     float mn[2];
+    int neg[8];
 };

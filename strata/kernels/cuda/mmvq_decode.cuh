@@ -51,15 +51,19 @@ __device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, i
 // decode gets it as `tab`); 1 / nullptr for types without one. TSTRIDE: word i of the codebook
 // is tab[i * TSTRIDE] (the kernels keep TSTRIDE copies interleaved for the IQ3 types: see
 // Banks in mmvq_kernels.cuh; the dequantizer and the host check use one copy).
-#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_)             \
+// SIGNS: the codes are grid words times per-weight signs (the IQ2 / IQ3 types). RAW (decode's
+// second parameter, for those types only): leave the signs to the dot product, q = g ^ m and
+// neg = m (Chunk says why that is exact); the one-column kernels take it (chunk_acc).
+#define TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, SIGNS_)     \
     template <> struct TypeOf<ID_> {                                             \
         static constexpr int ID = ID_, BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
         static constexpr int ORDER = ORDER_;                                     \
-        static constexpr bool MIN = MIN_;                                        \
+        static constexpr bool MIN = MIN_, SIGNS = SIGNS_;                        \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
-        template <int TSTRIDE = 1>                                               \
+        template <int TSTRIDE = 1, bool RAW = false>                             \
         __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
-#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER)
+#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, false)
+#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER, true)
 #define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, WEIGHT_ORDER)
 // ORDER: the order of the chunk's codes (code_weight above).
 
@@ -340,9 +344,21 @@ TYPE_TAIL
 // tab (shared memory) = the grid's words. Sign masks (uint2: byte j = 0xFF when bit j of the
 // sign byte is set) are computed, 3 ops per 4 bytes.
 __device__ __forceinline__ uint2 sign_masks(u32 s8) { return make_uint2(sign_mask4(s8 & 15), sign_mask4(s8 >> 4)); }
-__device__ __forceinline__ void signed_pair_t(const uint2 g, const uint2 m, int& a, int& c) {
-    a = apply_signs(g.x, m.x);
-    c = apply_signs(g.y, m.y);
+// Code words k of a chunk from grid word g and its sign mask m: signed now, or (RAW) left as
+// g ^ m with the mask in neg for the dot product (saves the add and the mask of apply_signs).
+template <bool RAW>
+__device__ __forceinline__ void set_signed(Chunk& r, int k, u32 g, u32 m) {
+    if (RAW) {
+        r.q[k] = g ^ m;
+        r.neg[k] = m;
+    } else {
+        r.q[k] = apply_signs(g, m);
+    }
+}
+template <bool RAW>
+__device__ __forceinline__ void signed_pair(Chunk& r, int k, const uint2 g, const uint2 m) {
+    set_signed<RAW>(r, k, g.x, m.x);
+    set_signed<RAW>(r, k + 1, g.y, m.y);
 }
 // Word i of an IQ3 codebook kept in TSTRIDE interleaved copies, tab at this lane's copy. On the
 // device the shared address is formed here (one shift-add per lookup): written as tab[i *
@@ -368,7 +384,7 @@ TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, GRID_IQ2XXS_W) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint2 g = ((const uint2*)tab)[(idx >> (8 * l)) & 255];
-        signed_pair_t(g, sign_masks(ksigns((aux >> (7 * l)) & 127)), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair<RAW>(r, 2 * l, g, sign_masks(ksigns((aux >> (7 * l)) & 127)));
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.25f;
 }
@@ -380,7 +396,7 @@ TYPE_HEAD_TAB(17, 256, 74, 0, false, 2 * 512, GRID_IQ2XS_W) {
     for (int l = 0; l < 4; ++l) {
         const u32 v = ld16(b + 2 + 2 * (4 * sub + l));
         const uint2 g = ((const uint2*)tab)[v & 511];
-        signed_pair_t(g, sign_masks(ksigns(v >> 9)), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair<RAW>(r, 2 * l, g, sign_masks(ksigns(v >> 9)));
     }
     const float d = ldh(b);
     const u32 s = ld8(b + 66 + sub);
@@ -396,7 +412,7 @@ TYPE_HEAD_TAB(22, 256, 82, 0, false, 2 * 1024, GRID_IQ2S_W) {
     for (int l = 0; l < 4; ++l) {
         const u32 i = ld8(b + 2 + 4 * sub + l) | ((qh << (8 - 2 * l)) & 0x300);
         const uint2 g = ((const uint2*)tab)[i];
-        signed_pair_t(g, sign_masks(ld8(b + 34 + 4 * sub + l)), r.q[2 * l], r.q[2 * l + 1]);
+        signed_pair<RAW>(r, 2 * l, g, sign_masks(ld8(b + 34 + 4 * sub + l)));
     }
     const float d = ldh(b);
     const u32 s = ld8(b + 74 + sub);
@@ -407,16 +423,16 @@ TYPE_TAIL
 
 // IQ3_XXS: half d; qs[64] grid indices (4-byte codewords); 8 u32 of 4 x 7 sign bits + scale.
 TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS_W) {
-    const u32 aux = ld32u(b + 66 + 4 * sub);
-    u32 w[2];  // 8 grid indices
-    ldwords(b + 2 + 8 * sub, w);
+    u32 w[2], au[1];  // 8 grid indices; signs and scale (64 - 4 sub bytes further: same alignment)
+    ldwords2(b + 2 + 8 * sub, 64 - 4 * sub, w, au);
+    const u32 aux = au[0];
     const u32 q01 = w[0], q23 = w[1];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint2 m = sign_masks(ksigns((aux >> (7 * l)) & 127));
         const u32 idx = l < 2 ? q01 : q23;
-        r.q[2 * l] = apply_signs(grid_word<TSTRIDE>(tab, __byte_perm(idx, 0, 0x4440 + 2 * (l & 1))), m.x);
-        r.q[2 * l + 1] = apply_signs(grid_word<TSTRIDE>(tab, __byte_perm(idx, 0, 0x4441 + 2 * (l & 1))), m.y);
+        set_signed<RAW>(r, 2 * l, grid_word<TSTRIDE>(tab, __byte_perm(idx, 0, 0x4440 + 2 * (l & 1))), m.x);
+        set_signed<RAW>(r, 2 * l + 1, grid_word<TSTRIDE>(tab, __byte_perm(idx, 0, 0x4441 + 2 * (l & 1))), m.y);
     }
     r.sc[0] = r.sc[1] = (ldh(b) * (0.5f + (float)(aux >> 28))) * 0.5f;
 }
@@ -425,18 +441,22 @@ TYPE_TAIL
 // IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
 TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S_W) {
     const u32 qh = ld8(b + 66 + sub);
-    u32 w[2];  // index low bytes
-    ldwords(b + 2 + 8 * sub, w);
-    const u32 q01 = w[0], q23 = w[1];
-    const u32 sg = ld32u(b + 74 + 4 * sub);                                  // 4 sign bytes
+    u32 w[2], sgn[1];  // index low bytes; 4 sign bytes (72 - 4 sub bytes further: same alignment)
+    ldwords2(b + 2 + 8 * sub, 72 - 4 * sub, w, sgn);
+    const u32 sg = sgn[0];
+    // The 9th bits as bytes beside the low bytes (byte n of hi[h] = bit 4h + n of qh): one
+    // prmt then forms a whole 9-bit index, [low byte n, its 9th bit, 0, 0]; selector nibble
+    // 0xC copies the sign of hi's byte 0 (always 0) into the top bytes. 2 instructions per
+    // index with its address, where shifting and masking qh per index took 4 (SASS, S10).
+    const u32 hi[2] = {spread4(qh & 15), spread4(qh >> 4)};
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u32 idx = l < 2 ? q01 : q23;
-        const u32 i0 = __byte_perm(idx, 0, 0x4440 + 2 * (l & 1)) | ((qh << (8 - 2 * l)) & 256);
-        const u32 i1 = __byte_perm(idx, 0, 0x4441 + 2 * (l & 1)) | ((qh << (7 - 2 * l)) & 256);
+        const u32 idx = w[l >> 1], h = hi[l >> 1], n = 2 * (l & 1);
+        const u32 i0 = prmt(idx, h, 0xCC00u | ((4 + n) << 4) | n);
+        const u32 i1 = prmt(idx, h, 0xCC00u | ((5 + n) << 4) | (n + 1));
         const uint2 m = sign_masks(__byte_perm(sg, 0, 0x4440 + l));
-        r.q[2 * l] = apply_signs(grid_word<TSTRIDE>(tab, i0), m.x);
-        r.q[2 * l + 1] = apply_signs(grid_word<TSTRIDE>(tab, i1), m.y);
+        set_signed<RAW>(r, 2 * l, grid_word<TSTRIDE>(tab, i0), m.x);
+        set_signed<RAW>(r, 2 * l + 1, grid_word<TSTRIDE>(tab, i1), m.y);
     }
     const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
     r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);

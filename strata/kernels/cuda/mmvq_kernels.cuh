@@ -95,34 +95,39 @@ __device__ __forceinline__ void activation_order(int4& a, int4& c) {
 // contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
 // multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
 // on how many columns share its launch.
-template <class T>
+// The integer dot product of code words q[K0..K0+4) with activation words a, less that of the
+// unapplied sign masks when the decode was RAW (Chunk): the exact sum of code * activation.
+template <bool RAW, int K0>
+__device__ __forceinline__ int dot4(const Chunk& r, const int4& a, int i) {
+    i = __dp4a(r.q[K0], a.x, i);
+    i = __dp4a(r.q[K0 + 1], a.y, i);
+    i = __dp4a(r.q[K0 + 2], a.z, i);
+    i = __dp4a(r.q[K0 + 3], a.w, i);
+    if (RAW) {
+        int n = __dp4a(r.neg[K0], a.x, 0);
+        n = __dp4a(r.neg[K0 + 1], a.y, n);
+        n = __dp4a(r.neg[K0 + 2], a.z, n);
+        n = __dp4a(r.neg[K0 + 3], a.w, n);
+        i -= n;
+    }
+    return i;
+}
+
+template <class T, bool RAW = false>
 __device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
     const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
     if constexpr (OneScale<T::ID>::YES) {
         // one scale for the 32 weights: one integer sum (codes in any order the activations
         // share), converted and scaled once
-        int i = __dp4a(r.q[0], a.x, 0);
-        i = __dp4a(r.q[1], a.y, i);
-        i = __dp4a(r.q[2], a.z, i);
-        i = __dp4a(r.q[3], a.w, i);
-        i = __dp4a(r.q[4], c.x, i);
-        i = __dp4a(r.q[5], c.y, i);
-        i = __dp4a(r.q[6], c.z, i);
-        i = __dp4a(r.q[7], c.w, i);
+        int i = dot4<RAW, 4>(r, c, dot4<RAW, 0>(r, a, 0));
         const int s = s0 + s1;
         if (T::IOFF != 0) i += T::IOFF * s;
         float f = __fmul_rn(r.sc[0], (float)i);
         if (T::MIN) f = __fmaf_rn(r.mn[0], (float)s, f);
         return __fmaf_rn(m.d, f, acc);
     } else {
-        int i0 = __dp4a(r.q[0], a.x, 0);
-        i0 = __dp4a(r.q[1], a.y, i0);
-        i0 = __dp4a(r.q[2], a.z, i0);
-        i0 = __dp4a(r.q[3], a.w, i0);
-        int i1 = __dp4a(r.q[4], c.x, 0);
-        i1 = __dp4a(r.q[5], c.y, i1);
-        i1 = __dp4a(r.q[6], c.z, i1);
-        i1 = __dp4a(r.q[7], c.w, i1);
+        int i0 = dot4<RAW, 0>(r, a, 0);
+        int i1 = dot4<RAW, 4>(r, c, 0);
         if (T::IOFF != 0) {
             i0 += T::IOFF * s0;
             i1 += T::IOFF * s1;
@@ -294,6 +299,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // +2%, Q6_K / Q8_0 +3-4% at 2 columns; the 4-bit lookup types lost 3% (their lookups hold
     // more registers), so they keep loading after the decode. More columns would not fit.
     constexpr bool PRE = NC <= 2 && !LUT16<T::ID>::YES;
+    // Signs left to the dot product (Chunk::neg) at one column: 8 dp4a per chunk replace 16
+    // instructions of the decode. From 2 columns on, the dp4a would repeat per column.
+    constexpr bool RAW = T::SIGNS && NC == 1;
     constexpr int PU = PRE ? G::CPL : 1, PJ = PRE ? NC : 1;
     int g = 0, t = 0, cstage = 0;  // current item's group, tile and stage
     for (int it = 0; it < items; ++it) {
@@ -328,7 +336,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
           if (c < nb * CPB) {
             Chunk ch[RPW];
 #pragma unroll
-            for (int rr = 0; rr < RPW; ++rr) T::template decode<Banks<T, NC>::N>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
+            for (int rr = 0; rr < RPW; ++rr) T::template decode<Banks<T, NC>::N, RAW>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
             const u32 gc = (u32)(b0 * CPB + c);  // chunk index along the row = activation block
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
@@ -346,7 +354,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                 }
                 activation_order<T::ORDER>(a, b);
 #pragma unroll
-                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = chunk_acc<T>(acc[rr][j], ch[rr], a, b, m);
+                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = chunk_acc<T, RAW>(acc[rr][j], ch[rr], a, b, m);
             }
           }
         }
