@@ -76,6 +76,54 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s10e)  # Q4_K raw nibbles (high nibbles in place, scale / 16) on top of S10-1: MMVQ vs HEAD~ (.gl/base), interleaved; tests
+  for v in new base new base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types Q4_K,IQ3_S,IQ3_XXS,Q5_K --cols 1,4,8 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v big] /"
+  done | tee $OUT/mmvq.log
+  timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_prefill.py tests/test_cuda_pdl.py \
+      tests/test_cuda_decode_host.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20; true
+  ;;
+s10f)  # big packs: decode new vs base (B=1, 4); first half of the test model
+  cp .models/tm.part1 /tmp/tm.part1
+  synth_big
+  big_decode "new base new base"
+  ;;
+s10g)  # the test model joined: GPU tests with it; its decode new vs base
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared timeout 400 python3 -m pytest -q tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_backend.py tests/test_cuda_window.py tests/test_cuda_attention_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_env_knobs.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  decode_tm_vs() { for v in new base new base; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"; done; }
+  decode_tm_vs
+  ;;
+s10d)  # L2 prefetch of a warp's rows before the PDL wait: 0 / 8 KB / 32 KB, interleaved twice; both sizes
+  for pass in 1 2; do
+    for b in 0 8192 32768; do
+      STRATA_MMVQ_L2_PREFETCH=$b python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[l2 $b] /"
+      STRATA_MMVQ_L2_PREFETCH=$b python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[l2 $b big] /"
+    done
+  done | tee $OUT/l2.log
+  ;;
+s10c)  # IQ3 occupancy: one chunk per lane (TILE_MAX 600) with 3 or 2 stages, vs the default tiles; twice, interleaved
+  for pass in 1 2; do
+    for cfg in "" "STRATA_MMVQ_TILE_MAX=600" "STRATA_MMVQ_TILE_MAX=600 STRATA_MMVQ_IN_FLIGHT=1760"; do
+      env $cfg python3 bench/bench_mmvq.py --types IQ3_S,IQ3_XXS,Q2_0 --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[${cfg:-default}] /"
+      env $cfg python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[${cfg:-default} big] /"
+    done
+  done | tee $OUT/occ.log
+  ;;
+s10b)  # RAW sign decode on (1 column) / off / base, interleaved, both sizes
+  for v in raw1 raw0 base raw1 raw0 base; do
+    t=.; [ $v = base ] && t=.gl/base; r=${v#raw}; [ $v = base ] && r=1
+    STRATA_MMVQ_SIGN_RAW=$r python3 $t/bench/bench_mmvq.py --types IQ3_S,IQ3_XXS,IQ2_XXS,IQ2_S --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+    STRATA_MMVQ_SIGN_RAW=$r python3 $t/bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v big] /"
+  done | tee $OUT/raw.log
+  ;;
 s10a)  # session 10: sign types decode RAW at one column, IQ3_S index by prmt, shared alignment: MMVQ vs HEAD (.gl/base); tests
   for v in new base new base; do
     python3 $(tree $v)/bench/bench_mmvq.py --types IQ3_S,IQ3_XXS,IQ2_XXS,IQ2_XS,IQ2_S,Q4_K --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"

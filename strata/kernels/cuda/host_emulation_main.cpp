@@ -2,16 +2,20 @@
 // and mmvq_decode.cuh): decode every chunk of the blocks in a file, write float32 weights
 // (code + IOFF) * scale + min, in weight order, to stdout (exit 4: a RAW decode disagreed).
 // usage: prog TYPE_ID N_BLOCKS FILE
-// Sign types also decode RAW (signs left in Chunk::neg, as the one-column kernels take them):
-// every code q - neg must equal the signed decode's, else exit 4.
+// Types with a raw form (RAWF in mmvq_decode.cuh) also decode RAW, as the MMVQ kernels take
+// them: every raw code times the raw scale must equal the plain decode's value, else exit 4.
 template <int ID> static bool raw_matches(const u8* blk, int c, const Chunk& r) {
     typedef TypeOf<ID> T;
-    if constexpr (!T::SIGNS) return true;
+    if constexpr (T::RAWF == RAW_NONE) return true;
     Chunk raw;
+    raw.mn[0] = raw.mn[1] = 0;
     T::template decode<1, true>(blk, c, raw, T::table());
     for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 4; j++)
-            if ((i8)(r.q[i] >> (8 * j)) != (i8)((i8)(raw.q[i] >> (8 * j)) - (i8)(raw.neg[i] >> (8 * j)))) return false;
+        for (int j = 0; j < 4; j++) {
+            const int h = i / 4, code = (i8)((r.q[i] >> (8 * j)) & 0xFF);
+            if (r.sc[h] * (float)code != raw.sc[h] * (float)raw_code<T::RAWF>(raw, i, j) || r.mn[h] != raw.mn[h])
+                return false;
+        }
     return true;
 }
 

@@ -47,7 +47,8 @@ LOOKUP_4BIT = tuple(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"
 _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
 _KNOBS = {"STRATA_MMVQ_IN_FLIGHT": "IN_FLIGHT", "STRATA_MMVQ_TILE_MAX": "TILE_MAX", "STRATA_MMVQ_CPL_MAX": "CPL_MAX",
-          "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS"}
+          "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS",
+          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW"}
 _OPTIONS = ("--use_fast_math", "-std=c++17") + tuple(
     f"-D{macro}={int(os.environ[env])}" for env, macro in _KNOBS.items() if os.environ.get(env))
 _lock = threading.Lock()

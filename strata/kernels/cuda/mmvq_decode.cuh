@@ -51,21 +51,34 @@ __device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, i
 // decode gets it as `tab`); 1 / nullptr for types without one. TSTRIDE: word i of the codebook
 // is tab[i * TSTRIDE] (the kernels keep TSTRIDE copies interleaved for the IQ3 types: see
 // Banks in mmvq_kernels.cuh; the dequantizer and the host check use one copy).
-// SIGNS: the codes are grid words times per-weight signs (the IQ2 / IQ3 types). RAW (decode's
-// second parameter, for those types only): leave the signs to the dot product, q = g ^ m and
-// neg = m (Chunk says why that is exact); the one-column kernels take it (chunk_acc).
-#define TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, SIGNS_)     \
+// RAWF: a cheaper form of the chunk that only the MMVQ dot product takes (decode's second
+// parameter RAW; chunk_acc undoes it exactly, the dequantizer and the host check read the plain
+// form; raw_code below gives a raw chunk's codes):
+//   RAW_SIGNS   grid words times per-weight signs (IQ2 / IQ3): q = g ^ m, neg = m (Chunk);
+//   RAW_NIBBLE  4-bit codes that sit in the high nibbles stay there (q = 16 x code as unsigned
+//               bytes) and the scales take the 1 / 16 (a power of two: the same bits).
+enum { RAW_NONE = 0, RAW_SIGNS = 1, RAW_NIBBLE = 2 };
+#define TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, RAWF_)      \
     template <> struct TypeOf<ID_> {                                             \
         static constexpr int ID = ID_, BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
-        static constexpr int ORDER = ORDER_;                                     \
-        static constexpr bool MIN = MIN_, SIGNS = SIGNS_;                        \
+        static constexpr int ORDER = ORDER_, RAWF = RAWF_;                       \
+        static constexpr bool MIN = MIN_;                                        \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
         template <int TSTRIDE = 1, bool RAW = false>                             \
         __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
-#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, false)
-#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER, true)
+#define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, RAW_NONE)
+#define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER, RAW_SIGNS)
 #define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, WEIGHT_ORDER)
 // ORDER: the order of the chunk's codes (code_weight above).
+
+// Code j of word i of a chunk decoded RAW (RAWF above); of a plain chunk, the int8 byte.
+template <int RAWF>
+__host__ __device__ __forceinline__ int raw_code(const Chunk& r, int i, int j) {
+    const int q = (int)((r.q[i] >> (8 * j)) & 0xFF);
+    if (RAWF == RAW_NIBBLE) return q;
+    const int c = (int)(i8)q;
+    return RAWF == RAW_SIGNS ? c - (int)(i8)((r.neg[i] >> (8 * j)) & 0xFF) : c;
+}
 
 #define TYPE_TAIL };
 
@@ -291,18 +304,19 @@ __device__ __forceinline__ void k4_scale_min(const u8* s, int j, u32& sc, u32& m
 }
 
 // Q4_K: half d, half dmin, scales[12], qs[128] (32-byte runs: low nibbles then high).
-TYPE_HEAD(12, 256, 144, 0, true) {
+// RAW: the high nibbles stay in place (one mask per word instead of a shift and a mask).
+TYPE_HEAD_S(12, 256, 144, 0, true, 1, nullptr, WEIGHT_ORDER, RAW_NIBBLE) {
     // 144-byte blocks in 16-aligned rows: qs runs are 16-byte aligned
     const uint4* q = (const uint4*)(b + 16 + 32 * (sub >> 1));
     const int sh = 4 * (sub & 1);
     const uint4 v0 = q[0], v1 = q[1];
-    r.q[0] = (v0.x >> sh) & 0x0F0F0F0F; r.q[1] = (v0.y >> sh) & 0x0F0F0F0F;
-    r.q[2] = (v0.z >> sh) & 0x0F0F0F0F; r.q[3] = (v0.w >> sh) & 0x0F0F0F0F;
-    r.q[4] = (v1.x >> sh) & 0x0F0F0F0F; r.q[5] = (v1.y >> sh) & 0x0F0F0F0F;
-    r.q[6] = (v1.z >> sh) & 0x0F0F0F0F; r.q[7] = (v1.w >> sh) & 0x0F0F0F0F;
+    const u32 v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = RAW ? v[i] & (0x0F0F0F0Fu << sh) : (v[i] >> sh) & 0x0F0F0F0Fu;
     u32 sc, m;
     k4_scale_min(b + 4, sub, sc, m);
     r.sc[0] = r.sc[1] = ldh(b) * (float)sc;
+    if (RAW && sh) r.sc[0] = r.sc[1] = r.sc[0] * 0.0625f;
     r.mn[0] = r.mn[1] = -(ldh(b + 2) * (float)m);
 }
 TYPE_TAIL

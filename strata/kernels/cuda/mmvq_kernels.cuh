@@ -20,6 +20,9 @@
 #ifndef TILE_MAX  // bytes of one row's tile: rounds are doubled (up to CPL_MAX) while they fit.
 #define TILE_MAX 1408  // S6-5: Q4_1's 1280-byte doubled round measured 5% faster than single;
 #endif                 // 4 chunks per lane (CPL_MAX 4) measured slower on Q2_0 / Q2_K
+#ifndef SIGN_RAW  // up to this many columns the sign types decode RAW (stream_rows)
+#define SIGN_RAW 1
+#endif
 #ifndef CPL_MAX
 #define CPL_MAX 2
 #endif
@@ -95,15 +98,29 @@ __device__ __forceinline__ void activation_order(int4& a, int4& c) {
 // contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
 // multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
 // on how many columns share its launch.
-// The integer dot product of code words q[K0..K0+4) with activation words a, less that of the
-// unapplied sign masks when the decode was RAW (Chunk): the exact sum of code * activation.
-template <bool RAW, int K0>
+// dp4a of unsigned weight bytes with signed activation bytes (RAW_NIBBLE codes reach 240).
+__device__ __forceinline__ int dp4a_us(int a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// The integer dot product of code words q[K0..K0+4) with activation words a, for a chunk in
+// the raw form RAWF (RAW_NONE: plain; mmvq_decode.cuh): the exact sum of code * activation
+// (less that of the unapplied sign masks for RAW_SIGNS; the scale holds RAW_NIBBLE's 1 / 16).
+template <int RAWF, int K0>
 __device__ __forceinline__ int dot4(const Chunk& r, const int4& a, int i) {
+    if (RAWF == RAW_NIBBLE) {
+        i = dp4a_us(r.q[K0], a.x, i);
+        i = dp4a_us(r.q[K0 + 1], a.y, i);
+        i = dp4a_us(r.q[K0 + 2], a.z, i);
+        return dp4a_us(r.q[K0 + 3], a.w, i);
+    }
     i = __dp4a(r.q[K0], a.x, i);
     i = __dp4a(r.q[K0 + 1], a.y, i);
     i = __dp4a(r.q[K0 + 2], a.z, i);
     i = __dp4a(r.q[K0 + 3], a.w, i);
-    if (RAW) {
+    if (RAWF == RAW_SIGNS) {
         int n = __dp4a(r.neg[K0], a.x, 0);
         n = __dp4a(r.neg[K0 + 1], a.y, n);
         n = __dp4a(r.neg[K0 + 2], a.z, n);
@@ -113,21 +130,21 @@ __device__ __forceinline__ int dot4(const Chunk& r, const int4& a, int i) {
     return i;
 }
 
-template <class T, bool RAW = false>
+template <class T, int RAWF = RAW_NONE>
 __device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
     const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
     if constexpr (OneScale<T::ID>::YES) {
         // one scale for the 32 weights: one integer sum (codes in any order the activations
         // share), converted and scaled once
-        int i = dot4<RAW, 4>(r, c, dot4<RAW, 0>(r, a, 0));
+        int i = dot4<RAWF, 4>(r, c, dot4<RAWF, 0>(r, a, 0));
         const int s = s0 + s1;
         if (T::IOFF != 0) i += T::IOFF * s;
         float f = __fmul_rn(r.sc[0], (float)i);
         if (T::MIN) f = __fmaf_rn(r.mn[0], (float)s, f);
         return __fmaf_rn(m.d, f, acc);
     } else {
-        int i0 = dot4<RAW, 0>(r, a, 0);
-        int i1 = dot4<RAW, 4>(r, c, 0);
+        int i0 = dot4<RAWF, 0>(r, a, 0);
+        int i1 = dot4<RAWF, 4>(r, c, 0);
         if (T::IOFF != 0) {
             i0 += T::IOFF * s0;
             i1 += T::IOFF * s1;
@@ -299,9 +316,11 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // +2%, Q6_K / Q8_0 +3-4% at 2 columns; the 4-bit lookup types lost 3% (their lookups hold
     // more registers), so they keep loading after the decode. More columns would not fit.
     constexpr bool PRE = NC <= 2 && !LUT16<T::ID>::YES;
-    // Signs left to the dot product (Chunk::neg) at one column: 8 dp4a per chunk replace 16
-    // instructions of the decode. From 2 columns on, the dp4a would repeat per column.
-    constexpr bool RAW = T::SIGNS && NC == 1;
+    // The raw chunk form (mmvq_decode.cuh) where it pays: RAW_NIBBLE always (a cheaper decode,
+    // the same dot product); RAW_SIGNS at one column (8 dp4a per chunk replace 16 instructions
+    // of the decode; from 2 columns on, the dp4a would repeat per column).
+    constexpr bool RAW = T::RAWF == RAW_NIBBLE || (T::RAWF == RAW_SIGNS && NC <= SIGN_RAW);
+    constexpr int RAWF = RAW ? T::RAWF : RAW_NONE;
     constexpr int PU = PRE ? G::CPL : 1, PJ = PRE ? NC : 1;
     int g = 0, t = 0, cstage = 0;  // current item's group, tile and stage
     for (int it = 0; it < items; ++it) {
@@ -354,7 +373,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                 }
                 activation_order<T::ORDER>(a, b);
 #pragma unroll
-                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = chunk_acc<T, RAW>(acc[rr][j], ch[rr], a, b, m);
+                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = chunk_acc<T, RAWF>(acc[rr][j], ch[rr], a, b, m);
             }
           }
         }
