@@ -76,6 +76,38 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s10i)  # 2 or 1 rows per group for matrices of few rows, Q6_K decode-heavy: MMVQ at dense-8b's shapes vs HEAD (.gl/base2); tests; big decode
+  cp .models/tm.part1 /tmp/tm.part1
+  for v in new head new head; do
+    for s in "14336 4096" "4096 14336" "4096 4096" "1024 4096"; do
+      set -- $s
+      python3 $(tree $v)/bench/bench_mmvq.py --rows $1 --k $2 --types Q4_K,Q6_K,IQ4_NL,Q2_0,IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $1x$2] /"
+    done
+  done | tee $OUT/mmvq.log
+  timeout 240 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  [ -d /tmp/dense-8b ] || synth_big
+  big_decode "new head new head"
+  ;;
+s10j)  # the test model joined: GPU tests with it; its decode new vs HEAD
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared timeout 300 python3 -m pytest -q tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new head new head; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
+  done
+  ;;
+s10h)  # rows per warp at dense-8b's FFN shapes (14336 x 4096 and 4096 x 14336), 1 column: the rule's choice vs 4 / 8, twice
+  for pass in 1 2; do
+    for r in rule 4 8; do
+      e=""; [ $r != rule ] && e="STRATA_MMVQ_ROWS_PER_WARP=$r"
+      env $e python3 bench/bench_mmvq.py --types Q4_K,Q6_K,IQ4_NL,Q2_0 --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw $r] /"
+      env $e python3 bench/bench_mmvq.py --rows 4096 --k 14336 --types Q4_K,Q6_K,IQ4_NL,Q2_0 --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw $r down] /"
+    done
+  done | tee $OUT/rpw.log
+  ;;
 s10e)  # Q4_K raw nibbles (high nibbles in place, scale / 16) on top of S10-1: MMVQ vs HEAD~ (.gl/base), interleaved; tests
   for v in new base new base; do
     python3 $(tree $v)/bench/bench_mmvq.py --types Q4_K,IQ3_S,IQ3_XXS,Q5_K --cols 1,4,8 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"

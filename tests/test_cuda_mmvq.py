@@ -90,6 +90,17 @@ def test_mmvq_matches_mirror(type_id):
     assert not failures, f"{type_by_id(type_id).name} (seed {SEED}): " + "; ".join(failures)
 
 
+def test_group_rows_only_for_matrices_of_few_rows():
+    """RPW rows per group unless that leaves over a quarter of the warp slots empty."""
+    assert gpu._group_rows(14336, 2640) == gpu.RPW  # an FFN gate / up projection
+    assert gpu._group_rows(4096, 2640) == 2  # its down projection: 1024 warps -> 2048
+    assert gpu._group_rows(1024, 2640) == 1  # a K / V projection
+    assert gpu._group_rows(1980 * 4, 2640) == gpu.RPW  # exactly three quarters: RPW
+    q4k = 12
+    ((_, name, rpw, grid),) = gpu.column_launches(q4k, 64, 1, split=False, aligned=True)
+    assert name == "mmvq<12, 1, true, 1>" and rpw == 1 and grid[0] == 16
+
+
 def test_split_columns_only_for_matrices_that_leave_the_device_idle():
     q4k = 12
     assert gpu.split_columns(q4k, 576, 1) is None  # one column: nothing to split
@@ -120,13 +131,21 @@ def test_aligned_rows_instances_equal_the_general_ones(type_id):
     got = {}
     for aligned in (False, True):
         ((_, name, rpw, grid),) = gpu.column_launches(type_id, rows, 1, split=False, aligned=aligned)
-        assert name.endswith(", true>") == aligned
+        assert (", true" in name) == aligned
         out = cp.full((1, rows), cp.nan, dtype=cp.float32)
         gpu._function(type_id, name)(grid, (gpu.WARPS * 32,), (
             w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
         got[aligned] = cp.asnumpy(out)
         assert _rel(got[aligned], ref) < REL_BOUND, f"aligned={aligned} (seed {SEED})"
     np.testing.assert_array_equal(got[False], got[True])
+    # the aligned instance with each group size (rows a warp works on together: _group_rows
+    # takes 2 or 1 for few rows): the same bits, every row written
+    for group in (gpu.RPW, 2, 1):
+        name = gpu._mmvq_name(type_id, 1, True, group)
+        out = cp.full((1, rows), cp.nan, dtype=cp.float32)
+        gpu._function(type_id, name)((-(-rows // (group * gpu.WARPS)),), (gpu.WARPS * 32,), (
+            w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(group), q8.q, q8.meta, out))
+        np.testing.assert_array_equal(cp.asnumpy(out), got[True], err_msg=f"{name} (seed {SEED})")
     ids = cp.asarray(np.array([[2, 0]], dtype=np.int32))
     ref_e = mmvq_numpy.mmvq_experts(type_id, host, cp.asnumpy(ids), x)
     got_e = {}

@@ -91,8 +91,10 @@ def rows_aligned(w_dev, row_bytes: int) -> bool:
     return row_bytes % 16 == 0 and w_dev.data.ptr % 16 == 0
 
 
-def _mmvq_name(type_id: int, nc: int, aligned: bool = False) -> str:
-    return f"mmvq<{type_id}, 1, true>" if aligned and nc == 1 else f"mmvq<{type_id}, {nc}>"
+def _mmvq_name(type_id: int, nc: int, aligned: bool = False, group: int = RPW) -> str:
+    if aligned and nc == 1:
+        return f"mmvq<{type_id}, 1, true>" if group == RPW else f"mmvq<{type_id}, 1, true, {group}>"
+    return f"mmvq<{type_id}, {nc}>"
 
 
 def _ids_name(type_id: int, aligned: bool = False) -> str:
@@ -129,7 +131,9 @@ def compile_all(type_ids=None, threads: int = 8) -> None:
 
 @functools.cache
 def _function(type_id: int, name: str):
-    return _module(type_id).get_function(name)
+    if name in _names(type_id):
+        return _module(type_id).get_function(name)
+    return _named_function(name)  # the rarer instances (fewer rows per group) compile apart
 
 
 # ------------------------------------------------------------------ activations
@@ -289,8 +293,24 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
     for c0, nc, groups in _column_groups(ncols):
         name = _mmvq_name(type_id, nc, aligned)
         rpw = _rows_per_warp(type_id, name, rows, one_column=nc == 1)
+        if nc == 1 and aligned:
+            group = _group_rows(rows, _resident_warps(type_id, name))
+            if group < RPW:
+                name, rpw = _mmvq_name(type_id, 1, True, group), group
         out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
+
+
+def _group_rows(rows: int, resident: int) -> int:
+    """Rows a warp works on together at one column: RPW, or 2 or 1 where groups of RPW would
+    leave over a quarter of the device's warp slots empty (a matrix of few long rows, like an
+    FFN down projection): then each warp takes one group of that size. A row's sum does not
+    depend on it (stream_rows). S10-7 (H200, 4096 x 14336, 1 column; RPW gives 1024 warps of
+    2640 slots): Q4_K 14.7 -> {S10_7_Q4K}."""
+    group = RPW
+    while group > 1 and 4 * rows < 3 * group * resident:
+        group //= 2
+    return group
 
 
 # One column of a type with much decode work per byte runs RPW rows per warp (every row group a
@@ -299,14 +319,16 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
 # (14336 x 4096, twice, against 8 rows per warp): Q2_0 10.5 -> 9.3 us, Q2_K 12.2 -> 11.0, Q3_K
 # 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
 # IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
+# Q6_K too (its 6-bit codes from two planes): S10-6, 16.2 against 18.4 us (PDL on).
 LOW_BIT_BYTES_PER_32 = 18  # 4.5 bits per weight: types below it
+ALSO_DECODE_HEAVY = tuple(BY_NAME[n].id for n in ("Q6_K",))
 
 
 def _decode_heavy(type_id: int) -> bool:
     if type_id in FLOAT_TYPES:
         return False
     t = type_by_id(type_id)
-    return t.type_size * 32 < LOW_BIT_BYTES_PER_32 * t.block_size or type_id in LOOKUP_4BIT
+    return t.type_size * 32 < LOW_BIT_BYTES_PER_32 * t.block_size or type_id in LOOKUP_4BIT + ALSO_DECODE_HEAVY
 
 
 def _column_groups(ncols: int) -> list[tuple[int, int, int]]:

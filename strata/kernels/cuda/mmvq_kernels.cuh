@@ -26,7 +26,7 @@
 #ifndef CPL_MAX
 #define CPL_MAX 2
 #endif
-template <class T> struct Geometry {
+template <class T, int R = RPW> struct Geometry {  // R: rows a warp works on together
     static constexpr int CPB = T::BS / 32;  // chunks per block
     static constexpr int ROUND = (32 / CPB) * T::TS;  // bytes of 32 chunks
     // chunks per lane per row per item: 2 or 4 where a round is small, to spread the per-item
@@ -34,10 +34,10 @@ template <class T> struct Geometry {
     static constexpr int CPL = CPL_MAX >= 4 && 4 * ROUND <= TILE_MAX ? 4 : CPL_MAX >= 2 && 2 * ROUND <= TILE_MAX ? 2 : 1;
     static constexpr int TB = 32 * CPL / CPB;                      // blocks per tile
     static constexpr int TBUF = (TB * T::TS + 16 + 15) / 16 * 16;  // + alignment slack
-    static constexpr int ITEM = RPW * TB * T::TS;
+    static constexpr int ITEM = R * TB * T::TS;
     static constexpr int S0 = 1 + (IN_FLIGHT + ITEM - 1) / ITEM;
     static constexpr int STAGES = S0 < 2 ? 2 : S0 > 8 ? 8 : S0;
-    static constexpr int WARP_SMEM = STAGES * RPW * TBUF;
+    static constexpr int WARP_SMEM = STAGES * R * TBUF;
     static constexpr int MAXP = (TB * T::TS + 15) / 16 + 1;  // 16-byte pieces per row tile
     static_assert(WARPS * WARP_SMEM <= 46 * 1024, "MMVQ tiles past the 48 KB of static shared memory");
 };
@@ -216,10 +216,12 @@ __device__ __forceinline__ void load_table(u32* tab) {
     __syncthreads();
 }
 
-// One warp streams rows [r0, r1) of one matrix, RPW rows at a time: items are (row group,
+// One warp streams rows [r0, r1) of one matrix, R rows at a time (RPW; 2 or 1 for a matrix of
+// few long rows, so that more warps share it: mmvq.py, _group_rows): items are (row group,
 // tile) pairs in order; the copies of item i+1 are in flight while item i is decoded, across
 // row groups too. Each lane decodes the same chunk of the group's rows, so one activation
-// load serves RPW rows. out_col_stride: distance between columns in out; only the first
+// load serves R rows. A row's sum is the same whatever R (each row has its own accumulators
+// and the same reduction tree). out_col_stride: distance between columns in out; only the first
 // `written` columns are stored (the rest are padding a caller may read past its columns).
 //
 // A16: every row starts on a 16-byte boundary (row_bytes % 16 == 0, w 16-aligned): when a tile
@@ -230,12 +232,12 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // incrementally (row pointers set once per row group, advanced a tile at a time; stage
 // indices counted, not divided): S6's per-item recomputation cost ~12 instructions per chunk
 // and row on Q2_0 (SASS, S8-2).
-template <class T, int NC, bool A16 = false>
+template <class T, int NC, bool A16 = false, int R = RPW>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
                                             float* __restrict__ out, size_t out_col_stride, u8* sbuf,
                                             const u32* tab, int written = NC) {
-    typedef Geometry<T> G;
+    typedef Geometry<T, R> G;
     constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
     constexpr int TILE = TB * T::TS;  // bytes of a full tile of one row
     constexpr int NJ = (G::MAXP + 31) / 32;
@@ -247,14 +249,14 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     const int nblk = k / T::BS;
     const int ntiles = (nblk + TB - 1) / TB;
     const int last_bytes = (nblk - (ntiles - 1) * TB) * T::TS;  // of the last tile of a row
-    const int groups = (r1 - r0 + RPW - 1) / RPW;
+    const int groups = (r1 - r0 + R - 1) / R;
     const int items = groups * ntiles;
     if (items <= 0) return;
     // Rows past r1 in the last group re-read row r1 - 1 (never the case when rows_per_warp is
-    // a multiple of RPW and rows a multiple of it); their results are not written. Offsets
+    // a multiple of R and rows a multiple of it); their results are not written. Offsets
     // from w are 32-bit (the host keeps a matrix under 4 GiB) and rebuilt per row from the
     // group's first row: per-row pointer state cost 12 more registers (fewer resident warps).
-    auto group_rows = [&](int g) { return min(RPW, r1 - r0 - g * RPW); };  // rows actually there
+    auto group_rows = [&](int g) { return min(R, r1 - r0 - g * R); };  // rows actually there
     auto row_off = [&](u32 first, int valid, int rr) { return first + (u32)(min(rr, valid - 1) * row_bytes); };
     const u32 lane16 = 16u * (u32)lane;
     const u32 sb = (u32)__cvta_generic_to_shared(sbuf);
@@ -269,9 +271,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     auto issue = [&](int i) {
         if (i < items) {
             const u32 nbytes = itile + 1 == ntiles ? last_bytes : TILE;
-            const u32 buf = sb + (u32)(istage * RPW * G::TBUF) + lane16;
+            const u32 buf = sb + (u32)(istage * R * G::TBUF) + lane16;
 #pragma unroll
-            for (int rr = 0; rr < RPW; ++rr) {
+            for (int rr = 0; rr < R; ++rr) {
                 // whole aligned 16-byte pieces never cross a page: reading the few bytes
                 // outside the row cannot fault
                 const size_t g0 = (size_t)w + row_off(ioff, ivalid, rr);
@@ -286,7 +288,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
             if (++itile == ntiles) {
                 itile = 0;
                 ++ig;
-                ioff = (u32)(r0 + ig * RPW) * (u32)row_bytes;
+                ioff = (u32)(r0 + ig * R) * (u32)row_bytes;
                 ivalid = group_rows(ig);
             }
             if (++istage == S) istage = 0;
@@ -300,9 +302,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     wait_prior_grids();
     q8 = after_wait(q8);
     meta = after_wait(meta);
-    float acc[RPW][NC];
+    float acc[R][NC];
 #pragma unroll
-    for (int rr = 0; rr < RPW; ++rr)
+    for (int rr = 0; rr < R; ++rr)
 #pragma unroll
         for (int j = 0; j < NC; ++j) acc[rr][j] = 0.0f;
     // consuming side: the current tile's offset (its first row), for where each row's bytes
@@ -345,17 +347,17 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
         issue(it + S - 1);
         cp_async_wait<S - 1>();  // item it's copies have landed
         __syncwarp();
-        const u8* base[RPW];
+        const u8* base[R];
 #pragma unroll
-        for (int rr = 0; rr < RPW; ++rr)
-            base[rr] = sbuf + (cstage * RPW + rr) * G::TBUF + (AL ? 0u : ((wlo + row_off(coff, cvalid, rr)) & 15u));
+        for (int rr = 0; rr < R; ++rr)
+            base[rr] = sbuf + (cstage * R + rr) * G::TBUF + (AL ? 0u : ((wlo + row_off(coff, cvalid, rr)) & 15u));
 #pragma unroll
         for (int u = 0; u < G::CPL; ++u) {
           const int c = lane + 32 * u;  // CPL chunks per lane per row: a tile is 32 * CPL chunks
           if (c < nb * CPB) {
-            Chunk ch[RPW];
+            Chunk ch[R];
 #pragma unroll
-            for (int rr = 0; rr < RPW; ++rr) T::template decode<Banks<T, NC>::N, RAW>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
+            for (int rr = 0; rr < R; ++rr) T::template decode<Banks<T, NC>::N, RAW>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
             const u32 gc = (u32)(b0 * CPB + c);  // chunk index along the row = activation block
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
@@ -373,7 +375,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
                 }
                 activation_order<T::ORDER>(a, b);
 #pragma unroll
-                for (int rr = 0; rr < RPW; ++rr) acc[rr][j] = chunk_acc<T, RAWF>(acc[rr][j], ch[rr], a, b, m);
+                for (int rr = 0; rr < R; ++rr) acc[rr][j] = chunk_acc<T, RAWF>(acc[rr][j], ch[rr], a, b, m);
             }
           }
         }
@@ -381,7 +383,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
         if (++cstage == S) cstage = 0;
         coff += TILE;
         if (++t == ntiles) {  // row group done: every (row, column) sum over the 32 lanes
-            constexpr int V = RPW * NC, P = V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : 32;
+            constexpr int V = R * NC, P = V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : 32;
             static_assert(V <= 32, "more sums per warp than lanes");
             float v[32];  // the first P used
 #pragma unroll
@@ -389,16 +391,16 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
             const float sum = transposed_sum<P>(v);
             constexpr int SHIFT = P == 4 ? 3 : P == 8 ? 2 : P == 16 ? 1 : 0;  // 5 - log2(P)
             const int i = lane >> SHIFT, rr = i / NC, j = i % NC;             // the sum this lane holds
-            const int row = r0 + g * RPW + rr;
+            const int row = r0 + g * R + rr;
             if ((lane & ((1 << SHIFT) - 1)) == 0 && i < V && row < r1 && j < written)
                 out[(size_t)j * out_col_stride + row] = sum;
 #pragma unroll
-            for (int rr2 = 0; rr2 < RPW; ++rr2)
+            for (int rr2 = 0; rr2 < R; ++rr2)
 #pragma unroll
                 for (int j2 = 0; j2 < NC; ++j2) acc[rr2][j2] = 0.0f;
             t = 0;
             ++g;
-            coff = (u32)(r0 + g * RPW) * (u32)row_bytes;
+            coff = (u32)(r0 + g * R) * (u32)row_bytes;
             cvalid = group_rows(g);
         }
     }
@@ -428,18 +430,18 @@ template <int ID, int NC> struct MinBlocks {
     static constexpr int N = NC >= 4 && !(NC >= 5 && TypeOf<ID>::TAB_WORDS > 1) ? WIDE_MIN_BLOCKS
                              : NC == 1 ? NARROW_MIN_BLOCKS : 1;
 };
-template <int ID, int NC, bool A16 = false>
+template <int ID, int NC, bool A16 = false, int R = RPW>
 __global__ void __launch_bounds__(WARPS * 32, MinBlocks<ID, NC>::N) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
                                                    int rows_per_warp, const i8* __restrict__ q8,
                                                    const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][Geometry<T>::WARP_SMEM];
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T, R>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[Banks<T, NC>::WORDS];
     allow_dependents();
     load_table<T, NC>(tab);
     const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     const size_t g = blockIdx.y;
-    stream_rows<T, NC, A16>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
+    stream_rows<T, NC, A16, R>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
                        smem[threadIdx.x >> 5], tab);
 }
 
