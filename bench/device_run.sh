@@ -76,6 +76,22 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s10k)  # final rule (groups of 2 on matrices of >= 6 MiB that leave slots empty): tests; MMVQ at dense-8b's shapes vs HEAD~2 (.gl/base2); dense-8b decode
+  timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new head; do
+    for s in "14336 4096" "4096 14336" "4096 4096" "1024 4096"; do
+      set -- $s
+      python3 $(tree $v)/bench/bench_mmvq.py --rows $1 --k $2 --types Q4_K,Q6_K,IQ4_NL,Q2_0,IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $1x$2] /"
+    done
+  done | tee $OUT/mmvq.log
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['dense-8b'], '/tmp/dense-8b', progress=lambda s: None)"
+  for v in new head new head; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+        | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] dense-8b /"
+  done
+  ;;
 s10i)  # 2 or 1 rows per group for matrices of few rows, Q6_K decode-heavy: MMVQ at dense-8b's shapes vs HEAD (.gl/base2); tests; big decode
   cp .models/tm.part1 /tmp/tm.part1
   for v in new head new head; do
@@ -98,6 +114,12 @@ s10j)  # the test model joined: GPU tests with it; its decode new vs HEAD
     python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
         | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
   done
+  for v in new head; do  # groups of 2 at least (1 lost at 1024 rows in s10i)
+    for s in "4096 4096" "1024 4096"; do
+      set -- $s
+      python3 $(tree $v)/bench/bench_mmvq.py --rows $1 --k $2 --types Q4_K,Q6_K,Q2_0,IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $1x$2] /"
+    done
+  done | tee $OUT/mmvq.log
   ;;
 s10h)  # rows per warp at dense-8b's FFN shapes (14336 x 4096 and 4096 x 14336), 1 column: the rule's choice vs 4 / 8, twice
   for pass in 1 2; do

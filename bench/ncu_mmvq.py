@@ -38,7 +38,7 @@ def main(argv):
         out = cp.empty((1, rows), dtype=cp.float32)
         gpu.mmvq(tid, w, rows, k, act, out=out)
         cp.cuda.get_current_stream().synchronize()
-        ((_, kname, rpw, grid),) = gpu.column_launches(tid, rows, 1, aligned=gpu.rows_aligned(w, type_by_id(tid).row_bytes(k)))
+        ((_, kname, rpw, grid),) = gpu.column_launches(tid, rows, 1, aligned=gpu.rows_aligned(w, type_by_id(tid).row_bytes(k)), k=k)
         print(name, kname, "rows_per_warp", rpw, "grid", grid, "resident warps", gpu._resident_warps(tid, kname),
               "regs", gpu._function(tid, kname).num_regs)
 

@@ -90,15 +90,22 @@ def test_mmvq_matches_mirror(type_id):
     assert not failures, f"{type_by_id(type_id).name} (seed {SEED}): " + "; ".join(failures)
 
 
-def test_group_rows_only_for_matrices_of_few_rows():
-    """RPW rows per group unless that leaves over a quarter of the warp slots empty."""
-    assert gpu._group_rows(14336, 2640) == gpu.RPW  # an FFN gate / up projection
-    assert gpu._group_rows(4096, 2640) == 2  # its down projection: 1024 warps -> 2048
-    assert gpu._group_rows(1024, 2640) == 1  # a K / V projection
-    assert gpu._group_rows(1980 * 4, 2640) == gpu.RPW  # exactly three quarters: RPW
+def test_group_rows_only_for_large_matrices_of_few_rows():
+    """RPW rows per group unless that leaves over a quarter of the warp slots empty on a
+    matrix of GROUP2_BYTES or more; then 2."""
+    big = gpu.GROUP2_BYTES
+    assert gpu._group_rows(14336, 2640, 8 * big) == gpu.RPW  # an FFN gate / up projection
+    assert gpu._group_rows(4096, 2640, 3 * big) == 2  # its down projection: 1024 warps -> 2048
+    assert gpu._group_rows(4096, 2640, big - 1) == gpu.RPW  # small: latency-bound (S10-7)
+    assert gpu._group_rows(1980 * 4, 2640, 8 * big) == gpu.RPW  # exactly three quarters: RPW
     q4k = 12
-    ((_, name, rpw, grid),) = gpu.column_launches(q4k, 64, 1, split=False, aligned=True)
-    assert name == "mmvq<12, 1, true, 1>" and rpw == 1 and grid[0] == 16
+    k = 14336
+    ((_, name, rpw, grid),) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True, k=k)
+    resident = gpu._resident_warps(q4k, gpu._mmvq_name(q4k, 1, True))
+    if 4 * 4096 < 3 * gpu.RPW * resident:  # the H200 and most large GPUs
+        assert name == "mmvq<12, 1, true, 2>" and rpw == 2 and grid[0] == 4096 // (2 * gpu.WARPS)
+    ((_, name, _, _),) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True)  # no k: RPW
+    assert name == "mmvq<12, 1, true>"
 
 
 def test_split_columns_only_for_matrices_that_leave_the_device_idle():

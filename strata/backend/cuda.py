@@ -333,7 +333,7 @@ class CudaBackend(Backend):
             # and the output worked out once
             row_bytes = type_by_id(p.type_id).row_bytes(p.k)
             ((_, name, rpw, grid),) = mm.column_launches(p.type_id, p.rows, n, self.split_columns,
-                                                         mm.rows_aligned(p.blocks, row_bytes))
+                                                         mm.rows_aligned(p.blocks, row_bytes), p.k)
             cached = (mm._function(p.type_id, name), grid,
                       (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(rpw)))
             p.launches[n] = cached

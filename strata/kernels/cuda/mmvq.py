@@ -280,11 +280,12 @@ def split_columns(type_id: int, rows: int, ncols: int, aligned: bool = False) ->
 
 
 def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
-                    aligned: bool = False) -> list[tuple[int, str, int, tuple]]:
+                    aligned: bool = False, k: int = 0) -> list[tuple[int, str, int, tuple]]:
     """The launches of a quantized mmvq over `ncols` columns: (first column, kernel name, rows
     per warp, grid). Whole groups of MAX_COLS columns in one launch (grid y), the rest in
     another; or, for a small matrix (split_columns), every column a grid row of the 1-column
-    kernel. CudaBackend caches these per weight and column count."""
+    kernel. k (weights per row) lets one column of a large matrix of few rows take groups of 2
+    rows (_group_rows); 0 keeps RPW. CudaBackend caches these per weight and column count."""
     one = split_columns(type_id, rows, ncols, aligned) if split else None
     if one is not None:
         name, rpw, bx = one
@@ -293,24 +294,29 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
     for c0, nc, groups in _column_groups(ncols):
         name = _mmvq_name(type_id, nc, aligned)
         rpw = _rows_per_warp(type_id, name, rows, one_column=nc == 1)
-        if nc == 1 and aligned:
-            group = _group_rows(rows, _resident_warps(type_id, name))
+        if nc == 1 and aligned and k:
+            group = _group_rows(rows, _resident_warps(type_id, name), rows * type_by_id(type_id).row_bytes(k))
             if group < RPW:
                 name, rpw = _mmvq_name(type_id, 1, True, group), group
         out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
 
 
-def _group_rows(rows: int, resident: int) -> int:
-    """Rows a warp works on together at one column: RPW, or 2 or 1 where groups of RPW would
-    leave over a quarter of the device's warp slots empty (a matrix of few long rows, like an
-    FFN down projection): then each warp takes one group of that size. A row's sum does not
-    depend on it (stream_rows). S10-7 (H200, 4096 x 14336, 1 column; RPW gives 1024 warps of
-    2640 slots): Q4_K 14.7 -> {S10_7_Q4K}."""
-    group = RPW
-    while group > 1 and 4 * rows < 3 * group * resident:
-        group //= 2
-    return group
+def _group_rows(rows: int, resident: int, matrix_bytes: int) -> int:
+    """Rows a warp works on together at one column: RPW, or 2 where groups of RPW would leave
+    over a quarter of the device's warp slots empty on a matrix of at least GROUP2_BYTES (few
+    long rows, like an FFN down projection); each warp then takes one group of 2. A row's sum
+    does not depend on it (stream_rows). Measured on the H200 (S10-7, 1 column, us, groups of
+    4 -> 2): 4096 x 14336 Q4_K 14.7 -> 12.9, Q6_K 29.0 -> 18.1, IQ4_NL 20.9 -> 16.4, Q2_0 13.5 ->
+    10.6, IQ3_S 25.8 -> 19.3; 4096 x 4096 Q4_K 5.5 -> 4.7, Q6_K 9.3 -> 6.1, IQ3_S 8.6 -> 6.5, but
+    Q2_0 (4.7 MB) 4.0 -> 4.1-4.6; 1024 x 4096 (latency-bound, 2-3 MB) Q2_0 2.2 -> 2.3, IQ3_S
+    3.1 -> 3.6. Groups of 1 lost to 4 at 1024 rows (Q4_K 2.8 -> 3.1, Q2_0 2.1 -> 2.8)."""
+    if matrix_bytes >= GROUP2_BYTES and 4 * rows < 3 * RPW * resident:
+        return 2
+    return RPW
+
+
+GROUP2_BYTES = 6 << 20
 
 
 # One column of a type with much decode work per byte runs RPW rows per warp (every row group a
@@ -374,7 +380,7 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
             _function(t.id, f"mmvf<{t.id}, {nc}>")(((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
                 w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
         return out
-    for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes)):
+    for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes), k):
         launch(_function(t.id, name), grid, (WARPS * 32,), (
             w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
             act.q[c0:], act.meta[c0:], out[c0:]))
