@@ -76,6 +76,10 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s10l)  # the full MMVQ table on the final tree (every type, 1 / 2 / 4 / 8 columns; 57344 x 8192 at 1 column)
+  python3 bench/bench_mmvq.py --cols 1,2,4,8 2>&1 | tee $OUT/table.log | grep -E "^ *(Q|I|T|M|N|F|B|device)"
+  python3 bench/bench_mmvq.py --rows 57344 --k 8192 --cols 1 2>&1 | tee $OUT/big.log | grep -E "^ *(Q|I|T|M|N|F|B|device)"
+  ;;
 s10k)  # final rule (groups of 2 on matrices of >= 6 MiB that leave slots empty): tests; MMVQ at dense-8b's shapes vs HEAD~2 (.gl/base2); dense-8b decode
   timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
