@@ -76,6 +76,28 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s10n)  # every quantized type at RPW rows per warp at 1 column under PDL: tests; MMVQ and dense-8b decode vs HEAD (.gl/base3)
+  timeout 150 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,Q8_0,Q6_K --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[new big] /"
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['dense-8b'], '/tmp/dense-8b', progress=lambda s: None)"
+  for v in new head3; do
+    t=.; [ $v = head3 ] && t=.gl/base3
+    python3 $t/bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+        | grep -E "^\| graphs \|" | sed "s/^/[$v] dense-8b /"
+  done
+  ;;
+s10m)  # Q8_0 at 1 column (s10l: 23.3 us, slower than its 2 and 4 columns): PDL on / off, session-9 tree, rows per warp 4 / 8
+  for v in new base; do
+    for pdl in 1 0; do
+      STRATA_CUDA_PDL=$pdl python3 $(tree $v)/bench/bench_mmvq.py --types Q8_0,Q5_0,Q4_0 --cols 1,2 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v pdl$pdl] /"
+    done
+  done
+  for r in 4 8 16; do
+    STRATA_MMVQ_ROWS_PER_WARP=$r python3 bench/bench_mmvq.py --types Q8_0,Q5_0 --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw $r] /"
+  done
+  ;;
 s10l)  # the full MMVQ table on the final tree (every type, 1 / 2 / 4 / 8 columns; 57344 x 8192 at 1 column)
   python3 bench/bench_mmvq.py --cols 1,2,4,8 2>&1 | tee $OUT/table.log | grep -E "^ *(Q|I|T|M|N|F|B|device)"
   python3 bench/bench_mmvq.py --rows 57344 --k 8192 --cols 1 2>&1 | tee $OUT/big.log | grep -E "^ *(Q|I|T|M|N|F|B|device)"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.kernels.cuda import launch as pdl
 from strata.kernels.cuda.launch import launch
 from strata.kernels.ggml_types import BY_NAME, type_by_id
 
@@ -200,11 +201,11 @@ def _resident_warps_of(fn) -> int:
 def _rows_per_warp(type_id: int, name: str, rows: int, npairs: int = 1, resident: int | None = None,
                    one_column: bool = False) -> int:
     """Rows per warp: a multiple of RPW, few enough warps to stay resident in one wave; RPW for
-    one column of a decode-heavy type (below)."""
+    one column of a decode-heavy type, or of any type where graphs launch with PDL (below)."""
     forced = os.environ.get("STRATA_MMVQ_ROWS_PER_WARP")  # benchmarks only (bench_mmvq.py)
     if forced:
         per = int(forced)
-    elif one_column and _decode_heavy(type_id):
+    elif one_column and (_decode_heavy(type_id) or (type_id not in FLOAT_TYPES and pdl.enabled())):
         per = RPW
     else:
         per = -(-rows * npairs // (resident or _resident_warps(type_id, name)))
@@ -326,6 +327,12 @@ GROUP2_BYTES = 6 << 20
 # 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
 # IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
 # Q6_K too (its 6-bit codes from two planes): S10-6, 16.2 against 18.4 us (PDL on).
+# Where decode graphs launch with PDL (sm_90+, launch.enabled()), every quantized type takes RPW
+# at one column: the one-wave rule left slots that the next launch's blocks filled early, their
+# prefetches competing with the running kernel (S10-9, us, rule -> RPW: 57344 x 8192 Q4_0 72.2
+# -> 65.2, Q4_1 78.8 -> 71.2, Q5_1 98.9 -> 86.6, Q8_0 134.0 -> 122.0, Q4_K 72.4 -> 65.3, Q5_K
+# 90.8 -> 81.4, 97-99% of copy; 14336 x 4096 Q8_0 23.3 -> 19.7, Q5_0 14.4 -> 13.7, Q5_K 14.5
+# -> 13.9, the rest equal). Without PDL (GPUs before sm_90) the measurements above stand.
 LOW_BIT_BYTES_PER_32 = 18  # 4.5 bits per weight: types below it
 ALSO_DECODE_HEAVY = tuple(BY_NAME[n].id for n in ("Q6_K",))
 
