@@ -34,8 +34,6 @@ static inline u32 sign_mask4(u32 s4){ return prmt(s4*0x10204080u, 0u, 0xBA98u); 
 static inline u32 spread4(u32 b4){ return (b4*0x00204081u)&0x01010101u; }
 static inline u32 apply_signs(u32 g,u32 m){ return (g^m)+(m&0x01010101u); }
 static inline u32 ksigns(u32 s7){ return s7 | ((__popc(s7)&1u)<<7); }
-static inline u32 lut16(u32 x,u32 t0,u32 t1,u32 t2,u32 t3){ const u32 t=x|(x>>4); const u32 sel=__byte_perm(t,0u,0x0020u);
-  const u32 lo=__byte_perm(t0,t1,sel&0x7777u), hi=__byte_perm(t2,t3,sel&0x7777u); return __byte_perm(lo,hi,0x3210u|((sel&0x8888u)>>1)); }
 #define __host__
 struct Chunk { int q[8]; float sc[2]; float mn[2]; int neg[8]; };
 

@@ -41,8 +41,8 @@ QUANT_TYPE_NAMES = (
 FLOAT_TYPE_NAMES = ("F32", "F16", "BF16")
 QUANT_TYPES = tuple(BY_NAME[n].id for n in QUANT_TYPE_NAMES)
 FLOAT_TYPES = tuple(BY_NAME[n].id for n in FLOAT_TYPE_NAMES)
-# Types decoded through lut16x8 (4-bit codes into a 16-entry int8 codebook): the kernels
-# (LUT16, generated from this) and the launch rule below both treat them apart.
+# Types decoded through a 16-entry int8 codebook (lut16_pairs / lut16x8, 4-bit codes): the
+# kernels (LUT16, generated from this) and the launch rule below both treat them apart.
 LOOKUP_4BIT = tuple(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"))
 
 _HERE = Path(__file__).parent
@@ -326,22 +326,20 @@ GROUP2_BYTES = 6 << 20
 # (14336 x 4096, twice, against 8 rows per warp): Q2_0 10.5 -> 9.3 us, Q2_K 12.2 -> 11.0, Q3_K
 # 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
 # IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
-# Q6_K too (its 6-bit codes from two planes): S10-6, 16.2 against 18.4 us (PDL on).
 # Where decode graphs launch with PDL (sm_90+, launch.enabled()), every quantized type takes RPW
-# at one column: the one-wave rule left slots that the next launch's blocks filled early, their
+# at one column (Q6_K too: S10-6, 16.2 against 18.4 us at 14336 x 4096): the one-wave rule left slots that the next launch's blocks filled early, their
 # prefetches competing with the running kernel (S10-9, us, rule -> RPW: 57344 x 8192 Q4_0 72.2
 # -> 65.2, Q4_1 78.8 -> 71.2, Q5_1 98.9 -> 86.6, Q8_0 134.0 -> 122.0, Q4_K 72.4 -> 65.3, Q5_K
 # 90.8 -> 81.4, 97-99% of copy; 14336 x 4096 Q8_0 23.3 -> 19.7, Q5_0 14.4 -> 13.7, Q5_K 14.5
 # -> 13.9, the rest equal). Without PDL (GPUs before sm_90) the measurements above stand.
 LOW_BIT_BYTES_PER_32 = 18  # 4.5 bits per weight: types below it
-ALSO_DECODE_HEAVY = tuple(BY_NAME[n].id for n in ("Q6_K",))
 
 
 def _decode_heavy(type_id: int) -> bool:
     if type_id in FLOAT_TYPES:
         return False
     t = type_by_id(type_id)
-    return t.type_size * 32 < LOW_BIT_BYTES_PER_32 * t.block_size or type_id in LOOKUP_4BIT + ALSO_DECODE_HEAVY
+    return t.type_size * 32 < LOW_BIT_BYTES_PER_32 * t.block_size or type_id in LOOKUP_4BIT
 
 
 def _column_groups(ncols: int) -> list[tuple[int, int, int]]:

@@ -94,10 +94,6 @@ __device__ __forceinline__ void activation_order(int4& a, int4& c) {
     }
 }
 
-// acc + d * (the chunk's dot product with one column). Every rounding step is spelled out (no
-// contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
-// multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
-// on how many columns share its launch.
 // dp4a of unsigned weight bytes with signed activation bytes (RAW_NIBBLE codes reach 240).
 __device__ __forceinline__ int dp4a_us(int a, int b, int c) {
     int d;
@@ -130,6 +126,10 @@ __device__ __forceinline__ int dot4(const Chunk& r, const int4& a, int i) {
     return i;
 }
 
+// acc + d * (the chunk's dot product with one column). Every rounding step is spelled out (no
+// contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
+// multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
+// on how many columns share its launch.
 template <class T, int RAWF = RAW_NONE>
 __device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
     const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
