@@ -39,6 +39,19 @@ big_decode() {
   done
 }
 
+# The test model joined (/tmp/tm.part1 from the call before): its GPU tests (GPU vs CPU, backend,
+# window), then its decode for "new" and "base".
+tm_joined_tests_decode() {
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared timeout 300 python3 -m pytest -q tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new base; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
+  done
+}
+
 # The MMVQ table (bench_mmvq.py --types $2 --cols $3) for each label in $1.
 mmvq_vs() {
   for v in $1; do
@@ -76,6 +89,97 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s11h)  # final tree: GPU tests without the test model; seed-moe-full and dense-8b decode new vs HEAD (.gl/base); first half of the test model
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py \
+      tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  big_decode "new base"
+  ;;
+s11i)  # the test model joined: GPU tests with it; its decode new vs HEAD (.gl/base)
+  tm_joined_tests_decode
+  ;;
+s11g)  # mmvq_wide IQ3_S: more warps per block (up to 20 / 22, 225 KB), vs 16; twice
+  for rep in 1 2; do
+    for cfg in "16 204800" "20 230400" "22 230400"; do
+      set -- $cfg
+      for s in "57344 8192" "28672 8192" "4096 14336"; do
+        STRATA_MMVQ_WIDE_WARPS=$1 STRATA_MMVQ_WIDE_SMEM=$2 python3 bench/bench_mmvq.py --rows ${s% *} --k ${s#* } --types IQ3_S --cols 1 2>&1 \
+          | grep -E "^ *(Q|I)|rror" | sed "s/^/[w$1 $s] /"
+      done
+    done
+  done | tee $OUT/mmvq.log
+  ;;
+s11f)  # mmvq_wide IQ3_S: fewer warps with more stages in flight (WIDE_WARPS / IN_FLIGHT / WIDE_SMEM), twice
+  for rep in 1 2; do
+    for cfg in "16 3072 204800" "12 6000 204800" "10 9000 215040" "14 3072 204800"; do
+      set -- $cfg
+      for s in "57344 8192" "28672 8192"; do
+        STRATA_MMVQ_WIDE_WARPS=$1 STRATA_MMVQ_IN_FLIGHT=$2 STRATA_MMVQ_WIDE_SMEM=$3 python3 bench/bench_mmvq.py --rows ${s% *} --k ${s#* } --types IQ3_S --cols 1 2>&1 \
+          | grep -E "^ *(Q|I)" | sed "s/^/[w$1 f$2 $s] /"
+      done
+    done
+  done | tee $OUT/mmvq.log
+  ;;
+s11e)  # mmvq_wide on matrices >= 16 MiB, IQ3_XXS up to 24 warps: tests; IQ3 MMVQ new / WIDE=0, 4 shapes, twice
+  timeout 250 python3 -m pytest -q -x tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new w0 new w0; do
+    [ $v = w0 ] && export STRATA_MMVQ_WIDE=0 || unset STRATA_MMVQ_WIDE
+    for s in "57344 8192" "28672 8192" "14336 4096" "4096 14336"; do
+      set -- $s
+      python3 bench/bench_mmvq.py --rows $1 --k $2 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $1x$2] /"
+    done
+  done | tee $OUT/mmvq.log
+  ;;
+s11d)  # mmvq_wide with its warps per block chosen for the busiest last round: tests; IQ3 MMVQ new / WIDE=0 / HEAD (.gl/base) over 6 shapes, twice
+  timeout 250 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new w0 base new w0 base; do
+    t=$(tree $v); [ $v = w0 ] && export STRATA_MMVQ_WIDE=0 || unset STRATA_MMVQ_WIDE
+    for s in "57344 8192" "28672 8192" "14336 4096" "4096 14336" "4096 4096" "1024 4096"; do
+      set -- $s
+      python3 $t/bench/bench_mmvq.py --rows $1 --k $2 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $1x$2] /"
+    done
+  done | tee $OUT/mmvq.log
+  ;;
+s11c)  # mmvq_wide's shape: warps per block 16 / 20 / 24 and rows per group 4 / 2, IQ3_S and IQ3_XXS, twice
+  for rep in 1 2; do
+    for cfg in "16 4 204800" "16 2 204800" "24 2 204800" "20 4 215040" "20 2 204800"; do
+      set -- $cfg
+      for s in "57344 8192" "14336 4096" "4096 14336"; do
+        STRATA_MMVQ_WIDE_WARPS=$1 STRATA_MMVQ_WIDE_GROUP=$2 STRATA_MMVQ_WIDE_SMEM=$3 python3 bench/bench_mmvq.py --rows ${s% *} --k ${s#* } --types IQ3_S,IQ3_XXS --cols 1 2>&1 \
+          | grep -E "^ *(Q|I)" | sed "s/^/[w$1 g$2 $s] /"
+      done
+    done
+  done | tee $OUT/mmvq.log
+  ;;
+s11b)  # IQ3 codebook in 32 copies (mmvq_wide, 16-warp blocks): tests; MMVQ new / new WIDE=0 / HEAD (.gl/base), rows per warp one wave vs 4
+  timeout 250 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_decode_host.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new w0 base new w0 base; do
+    t=$(tree $v); [ $v = w0 ] && export STRATA_MMVQ_WIDE=0 || unset STRATA_MMVQ_WIDE
+    for s in "57344 8192" "14336 4096" "4096 14336" "4096 4096"; do
+      set -- $s
+      python3 $t/bench/bench_mmvq.py --rows $1 --k $2 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $1x$2] /"
+    done
+  done | tee $OUT/mmvq.log
+  unset STRATA_MMVQ_WIDE
+  for r in 4 8; do
+    STRATA_MMVQ_ROWS_PER_WARP=$r python3 bench/bench_mmvq.py --rows 14336 --k 4096 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw$r 14336x4096] /"
+    STRATA_MMVQ_ROWS_PER_WARP=$r python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[rpw$r 57344x8192] /"
+  done
+  ;;
+s11a)  # IQ3_S signs by a bit transpose and one prmt per word, odd-grid sign by LOP3 (no raw form): tests; MMVQ vs HEAD (.gl/base), interleaved twice
+  timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new base new base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types IQ3_S,IQ3_XXS --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v big] /"
+  done | tee $OUT/mmvq.log
+  ;;
 s10n)  # every quantized type at RPW rows per warp at 1 column under PDL: tests; MMVQ and dense-8b decode vs HEAD (.gl/base3)
   timeout 150 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
@@ -733,14 +837,7 @@ s8c)  # first half of the test model; GPU tests without it; dense-8b and seed-mo
   big_decode "new base"
   ;;
 s8d)  # the test model joined: its GPU tests (window, GPU vs CPU) and decode, session 8 vs session start
-  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
-  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared python3 -m pytest -q tests/test_cuda_window.py \
-      tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
-  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  for v in new base; do
-    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
-        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
-  done
+  tm_joined_tests_decode
   ;;
 s8e)  # long prompts' attention on tensor cores: its tests, then pp512 with it on and off (STRATA_CUDA_PROMPT_ATTENTION)
   python3 -m pytest -q tests/test_cuda_attention_prefill.py tests/test_cuda_window.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1

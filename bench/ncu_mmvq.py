@@ -38,9 +38,9 @@ def main(argv):
         out = cp.empty((1, rows), dtype=cp.float32)
         gpu.mmvq(tid, w, rows, k, act, out=out)
         cp.cuda.get_current_stream().synchronize()
-        ((_, kname, rpw, grid),) = gpu.column_launches(tid, rows, 1, aligned=gpu.rows_aligned(w, type_by_id(tid).row_bytes(k)), k=k)
-        print(name, kname, "rows_per_warp", rpw, "grid", grid, "resident warps", gpu._resident_warps(tid, kname),
-              "regs", gpu._function(tid, kname).num_regs)
+        (ln,) = gpu.column_launches(tid, rows, 1, aligned=gpu.rows_aligned(w, type_by_id(tid).row_bytes(k)), k=k)
+        print(name, ln.name, "rows_per_warp", ln.rpw, "grid", ln.grid, "block", ln.block, "dynamic smem", ln.smem,
+              "regs", gpu._function(tid, ln.name).num_regs)
 
 
 if __name__ == "__main__":

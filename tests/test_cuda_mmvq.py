@@ -100,12 +100,12 @@ def test_group_rows_only_for_large_matrices_of_few_rows():
     assert gpu._group_rows(1980 * 4, 2640, 8 * big) == gpu.RPW  # exactly three quarters: RPW
     q4k = 12
     k = 14336
-    ((_, name, rpw, grid),) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True, k=k)
+    (ln,) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True, k=k)
     resident = gpu._resident_warps(q4k, gpu._mmvq_name(q4k, 1, True))
     if 4 * 4096 < 3 * gpu.RPW * resident:  # the H200 and most large GPUs
-        assert name == "mmvq<12, 1, true, 2>" and rpw == 2 and grid[0] == 4096 // (2 * gpu.WARPS)
-    ((_, name, _, _),) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True)  # no k: RPW
-    assert name == "mmvq<12, 1, true>"
+        assert ln.name == "mmvq<12, 1, true, 2>" and ln.rpw == 2 and ln.grid[0] == 4096 // (2 * gpu.WARPS)
+    (ln,) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True)  # no k: RPW
+    assert ln.name == "mmvq<12, 1, true>"
 
 
 def test_split_columns_only_for_matrices_that_leave_the_device_idle():
@@ -137,11 +137,12 @@ def test_aligned_rows_instances_equal_the_general_ones(type_id):
     ref = mmvq_numpy.mmvq(type_id, host[0], x)
     got = {}
     for aligned in (False, True):
-        ((_, name, rpw, grid),) = gpu.column_launches(type_id, rows, 1, split=False, aligned=aligned)
-        assert (", true" in name) == aligned
+        (ln,) = gpu.column_launches(type_id, rows, 1, split=False, aligned=aligned)
+        assert (", true" in ln.name) == aligned
         out = cp.full((1, rows), cp.nan, dtype=cp.float32)
-        gpu._function(type_id, name)(grid, (gpu.WARPS * 32,), (
-            w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
+        gpu._function(type_id, ln.name)(ln.grid, ln.block, (
+            w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(ln.rpw), q8.q, q8.meta, out),
+            shared_mem=ln.smem)
         got[aligned] = cp.asnumpy(out)
         assert _rel(got[aligned], ref) < REL_BOUND, f"aligned={aligned} (seed {SEED})"
     np.testing.assert_array_equal(got[False], got[True])
@@ -166,6 +167,61 @@ def test_aligned_rows_instances_equal_the_general_ones(type_id):
         got_e[aligned] = cp.asnumpy(out)
         assert _rel(got_e[aligned], ref_e) < REL_BOUND, f"experts aligned={aligned} (seed {SEED})"
     np.testing.assert_array_equal(got_e[False], got_e[True])
+
+
+@pytest.mark.parametrize("type_id", gpu.WIDE_TYPES, ids=[type_by_id(t).name for t in gpu.WIDE_TYPES])
+def test_wide_codebook_kernel_equals_the_eight_copy_one(type_id):
+    """mmvq_wide (a codebook copy per lane, 16-warp blocks on dynamic shared memory) reads the
+    same words as mmvq's 8 copies: the same bits for every group size, rows per warp that are
+    not a multiple of the group, both alignments, a grid past one block per SM; and column_launches
+    picks it for one column where the device has the shared memory (the H200 has)."""
+    if not gpu._wide_ok():
+        pytest.skip("this GPU gives a block less than mmvq_wide's shared memory")
+    most = gpu.WIDE_WARPS[type_id]
+    rows, k = 2 * most * 4 * 3 + 13, 4096  # several blocks, a ragged tail
+    rng = _rng(type_id, 7)
+    t = type_by_id(type_id)
+    host = random_blocks(type_id, rows, k, rng)
+    w = cp.asarray(host)
+    row_bytes = t.row_bytes(k)
+    x = _x(rng, 1, k)
+    q8 = gpu.quantize_q8_1(cp.asarray(x))
+    ref_out = cp.full((1, rows), cp.nan, dtype=cp.float32)
+    gpu._function(type_id, gpu._mmvq_name(type_id, 1, True))((-(-rows // (gpu.RPW * gpu.WARPS)),), (gpu.WARPS * 32,), (
+        w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(gpu.RPW), q8.q, q8.meta, ref_out))
+    ref = cp.asnumpy(ref_out)
+    assert _rel(ref, mmvq_numpy.mmvq(type_id, host, x)) < REL_BOUND
+    for aligned in (True, False):
+        for group in (gpu.RPW, 2, 1):
+            for rpw, warps in ((group, most), (3 * group + (1 if group > 1 else 0), most - 3)):
+                name = gpu._wide_name(type_id, aligned, group)
+                out = cp.full((1, rows), cp.nan, dtype=cp.float32)
+                gpu._function(type_id, name)((-(-rows // (rpw * warps)),), (warps * 32,), (
+                    w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out),
+                    shared_mem=gpu.WIDE_SMEM)
+                np.testing.assert_array_equal(cp.asnumpy(out), ref, err_msg=f"{name} rpw {rpw} (seed {SEED})")
+    # the rule: few long rows (groups of 2) from WIDE_MIN_BYTES, any matrix from WIDE_ANY_BYTES
+    assert gpu._takes_wide(type_id, gpu.WIDE_MIN_BYTES, 2) and not gpu._takes_wide(type_id, gpu.WIDE_MIN_BYTES - 1, 2)
+    assert not gpu._takes_wide(type_id, gpu.WIDE_ANY_BYTES - 1, gpu.RPW) and gpu._takes_wide(type_id, gpu.WIDE_ANY_BYTES, gpu.RPW)
+    assert not gpu._takes_wide(12, gpu.WIDE_ANY_BYTES, gpu.RPW)  # Q4_K: no codebook
+    # a down projection's shape (rows of 14336 weights, groups of 2) at WIDE_MIN_BYTES: mmvq_wide,
+    # the same bits as the 8-copy kernel
+    k2 = 14336
+    row2 = t.row_bytes(k2)
+    big = -(-gpu.WIDE_MIN_BYTES // row2)
+    (ln,) = gpu.column_launches(type_id, big, 1, split=False, aligned=True, k=k2)
+    assert ln.name == gpu._wide_name(type_id, True, 2) and ln.smem == gpu.WIDE_SMEM and ln.block[0] <= 32 * most
+    assert ln.grid[0] * ln.rpw * (ln.block[0] // 32) >= big
+    (ln,) = gpu.column_launches(type_id, big - 1, 1, split=False, aligned=True, k=k2)
+    assert ln.name.startswith("mmvq<")  # a smaller matrix: the 8-copy kernel
+    (ln,) = gpu.column_launches(type_id, big, 2, split=False, aligned=True, k=k2)
+    assert ln.name.startswith("mmvq<")  # more columns: the 8-copy kernels
+    wbig = cp.asarray(random_blocks(type_id, big, k2, rng))
+    q82 = gpu.quantize_q8_1(cp.asarray(_x(rng, 1, k2)))
+    out = cp.full((1, big), cp.nan, dtype=cp.float32)
+    gpu._function(type_id, gpu._mmvq_name(type_id, 1, True))((-(-big // (gpu.RPW * gpu.WARPS)),), (gpu.WARPS * 32,), (
+        wbig, np.int32(big), np.int32(row2), np.int32(k2), np.int32(gpu.RPW), q82.q, q82.meta, out))
+    np.testing.assert_array_equal(cp.asnumpy(gpu.mmvq(type_id, wbig, big, k2, q82)), cp.asnumpy(out))
 
 
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)

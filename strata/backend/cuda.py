@@ -332,15 +332,15 @@ class CudaBackend(Backend):
             # the launch mmvq.mmvq makes for n columns, with everything but the activations
             # and the output worked out once
             row_bytes = type_by_id(p.type_id).row_bytes(p.k)
-            ((_, name, rpw, grid),) = mm.column_launches(p.type_id, p.rows, n, self.split_columns,
-                                                         mm.rows_aligned(p.blocks, row_bytes), p.k)
-            cached = (mm._function(p.type_id, name), grid,
-                      (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(rpw)))
+            (ln,) = mm.column_launches(p.type_id, p.rows, n, self.split_columns,
+                                       mm.rows_aligned(p.blocks, row_bytes), p.k)
+            cached = (mm._function(p.type_id, ln.name), ln,
+                      (p.blocks, np.int32(p.rows), np.int32(row_bytes), np.int32(p.k), np.int32(ln.rpw)))
             p.launches[n] = cached
-        fn, grid, lead = cached
+        fn, ln, lead = cached
         if out is None:
             out = cp.empty((n, p.rows), dtype=cp.float32)
-        launch(fn, grid, (mm.WARPS * 32,), lead + (q8.q, q8.meta, out))  # PDL while captured
+        launch(fn, ln.grid, ln.block, lead + (q8.q, q8.meta, out), shared_mem=ln.smem)  # PDL while captured
         return out
 
     def _run_prompt_rows(self, p: _Part, x: Any, q8: Any, out: Any) -> Any:

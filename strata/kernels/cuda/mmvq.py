@@ -44,12 +44,24 @@ FLOAT_TYPES = tuple(BY_NAME[n].id for n in FLOAT_TYPE_NAMES)
 # Types decoded through a 16-entry int8 codebook (lut16_pairs / lut16x8, 4-bit codes): the
 # kernels (LUT16, generated from this) and the launch rule below both treat them apart.
 LOOKUP_4BIT = tuple(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"))
+# One column of these IQ3 types runs mmvq_wide (mmvq_kernels.cuh: a codebook copy per lane, up
+# to WIDE_WARPS[type] warps per block, WIDE_SMEM bytes of dynamic shared memory, one block per
+# SM) on the matrices _takes_wide names, where the device lets a block have that much shared
+# memory (sm_90 and sm_100 datacenter parts; not an sm_89 card, which keeps mmvq).
+# Must match mmvq_kernels.cuh.
+_WIDE_FORCED = int(os.environ.get("STRATA_MMVQ_WIDE_WARPS") or 0)  # benchmarks only
+WIDE_WARPS = {BY_NAME[n].id: _WIDE_FORCED or w for n, w in (("IQ3_XXS", 24), ("IQ3_S", 16))}
+WIDE_TYPES = tuple(WIDE_WARPS)
+WIDE_SMEM = int(os.environ.get("STRATA_MMVQ_WIDE_SMEM") or 200 * 1024)
+WIDE_MIN_BYTES = 16 << 20  # few long rows (groups of 2) from here
+WIDE_ANY_BYTES = 64 << 20  # any matrix from here
 
 _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
 _KNOBS = {"STRATA_MMVQ_IN_FLIGHT": "IN_FLIGHT", "STRATA_MMVQ_TILE_MAX": "TILE_MAX", "STRATA_MMVQ_CPL_MAX": "CPL_MAX",
           "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS",
-          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW"}
+          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW", "STRATA_MMVQ_WIDE_WARPS": "WIDE_WARPS",
+          "STRATA_MMVQ_WIDE_SMEM": "WIDE_SMEM_MAX"}
 _OPTIONS = ("--use_fast_math", "-std=c++17") + tuple(
     f"-D{macro}={int(os.environ[env])}" for env, macro in _KNOBS.items() if os.environ.get(env))
 _lock = threading.Lock()
@@ -98,6 +110,21 @@ def _mmvq_name(type_id: int, nc: int, aligned: bool = False, group: int = RPW) -
     return f"mmvq<{type_id}, {nc}>"
 
 
+def _wide_name(type_id: int, aligned: bool, group: int = RPW) -> str:
+    return f"mmvq_wide<{type_id}, {'true' if aligned else 'false'}, {group}>"
+
+
+@functools.cache
+def _wide_ok() -> bool:
+    if os.environ.get("STRATA_MMVQ_WIDE") == "0":  # benchmarks only: the 8-copy kernel
+        return False
+    return int(_cp().cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]) >= WIDE_SMEM
+
+
+def _dynamic_smem(name: str) -> int:
+    return WIDE_SMEM if name.startswith("mmvq_wide<") else 0
+
+
 def _ids_name(type_id: int, aligned: bool = False) -> str:
     return f"mmvq_ids<{type_id}, true>" if aligned else f"mmvq_ids<{type_id}>"
 
@@ -133,8 +160,13 @@ def compile_all(type_ids=None, threads: int = 8) -> None:
 @functools.cache
 def _function(type_id: int, name: str):
     if name in _names(type_id):
-        return _module(type_id).get_function(name)
-    return _named_function(name)  # the rarer instances (fewer rows per group) compile apart
+        fn = _module(type_id).get_function(name)
+    else:
+        fn = _named_function(name)  # the rarer instances (fewer rows per group) compile apart
+    dyn = _dynamic_smem(name)
+    if dyn:
+        fn.max_dynamic_shared_size_bytes = dyn  # past the 48 KB a launch gets unasked
+    return fn
 
 
 # ------------------------------------------------------------------ activations
@@ -280,27 +312,79 @@ def split_columns(type_id: int, rows: int, ncols: int, aligned: bool = False) ->
     return (name, rpw, bx) if fits else None
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a quantized mmvq: its first column, kernel instance, rows per warp, grid,
+    block and dynamic shared memory."""
+
+    c0: int
+    name: str
+    rpw: int
+    grid: tuple
+    block: tuple = (WARPS * 32,)
+    smem: int = 0
+
+
 def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
-                    aligned: bool = False, k: int = 0) -> list[tuple[int, str, int, tuple]]:
-    """The launches of a quantized mmvq over `ncols` columns: (first column, kernel name, rows
-    per warp, grid). Whole groups of MAX_COLS columns in one launch (grid y), the rest in
-    another; or, for a small matrix (split_columns), every column a grid row of the 1-column
-    kernel. k (weights per row) lets one column of a large matrix of few rows take groups of 2
-    rows (_group_rows); 0 keeps RPW. CudaBackend caches these per weight and column count."""
+                    aligned: bool = False, k: int = 0) -> list[Launch]:
+    """The launches (Launch) of a quantized mmvq over `ncols` columns. Whole groups of MAX_COLS
+    columns in one launch (grid y), the rest in another; or, for a small matrix (split_columns),
+    every column a grid row of the 1-column kernel. k (weights per row) lets one column of a
+    large matrix of few rows take groups of 2 rows (_group_rows), and an IQ3 matrix mmvq_wide
+    (_takes_wide); 0 keeps RPW and mmvq. CudaBackend caches these per weight and column count."""
     one = split_columns(type_id, rows, ncols, aligned) if split else None
     if one is not None:
         name, rpw, bx = one
-        return [(0, name, rpw, (bx, ncols))]
+        return [Launch(0, name, rpw, (bx, ncols))]
     out = []
     for c0, nc, groups in _column_groups(ncols):
         name = _mmvq_name(type_id, nc, aligned)
         rpw = _rows_per_warp(type_id, name, rows, one_column=nc == 1)
+        group = RPW
         if nc == 1 and aligned and k:
             group = _group_rows(rows, _resident_warps(type_id, name), rows * type_by_id(type_id).row_bytes(k))
             if group < RPW:
                 name, rpw = _mmvq_name(type_id, 1, True, group), group
-        out.append((c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
+        if nc == 1 and k and _takes_wide(type_id, rows * type_by_id(type_id).row_bytes(k), group):
+            group = int(os.environ.get("STRATA_MMVQ_WIDE_GROUP") or group)  # benchmarks only
+            rpw, warps, blocks = _wide_shape(rows, group, WIDE_WARPS[type_id])
+            out.append(Launch(c0, _wide_name(type_id, aligned, group), rpw, (blocks, groups), (warps * 32,), WIDE_SMEM))
+            continue
+        out.append(Launch(c0, name, rpw, (-(-rows // (rpw * WARPS)), groups)))
     return out
+
+
+def _takes_wide(type_id: int, matrix_bytes: int, group: int) -> bool:
+    """Whether one column of this matrix runs mmvq_wide. Measured on the H200 (S11-4, S11-5, us,
+    mmvq -> mmvq_wide): IQ3_S 57344 x 8192 84.6 -> 69.5, 28672 x 8192 43.5 -> 40.9, 4096 x 14336
+    (groups of 2) 16.1 -> 13.9; IQ3_XXS 4096 x 14336 18.5 -> 13.8, 28672 and 57344 x 8192 equal.
+    Where it loses: 14336 x 4096 (25 MB in groups of 4) IQ3_S 13.3 -> 13.4, IQ3_XXS 12.5 -> 13.2;
+    4096 x 4096 IQ3_S 5.2 -> 6.2; 1024 x 4096 3.1 -> 3.6, 2.9 -> 3.8: with one block per SM the
+    next launch's blocks cannot come in early (PDL), and a short launch is mostly ramp."""
+    if type_id not in WIDE_TYPES or matrix_bytes < WIDE_MIN_BYTES or not _wide_ok():
+        return False
+    return group < RPW or matrix_bytes >= WIDE_ANY_BYTES
+
+
+def _wide_shape(rows: int, group: int, most_warps: int) -> tuple[int, int, int]:
+    """(rows per warp, warps per block, blocks) of mmvq_wide: one block per SM for one wave
+    (a block after it would copy the codebook again), every warp whole groups of `group` rows.
+    With a block's warps fixed, the last round of groups may leave many warps idle (28672 rows
+    in groups of 4 over 132 x 16 warps: 4 rounds, 85% of the slots busy); of most_warps down to
+    half as many warps per block, the count that keeps the most slots busy is taken (14 there:
+    97%), the most warps where several come within 2%. Fewer warps hide less latency (57344 x
+    8192 IQ3_S at 14 warps, 97% busy: 80 us against 16's 69.6, S11-6), and more than 16 cost the
+    compiler registers (20 or 22: 74-81 us, S11-7): IQ3_S stays at 16."""
+    sms, groups = _sm_count(), -(-rows // group)
+    best = None
+    for warps in range(most_warps, most_warps // 2 - 1, -1):
+        rounds = -(-groups // (sms * warps))
+        busy = groups / (rounds * sms * warps)
+        if best is None or busy > best[0] + 0.02:
+            best = (busy, warps, rounds)
+    _, warps, rounds = best
+    rpw = rounds * group
+    return rpw, warps, -(-rows // (rpw * warps))
 
 
 def _group_rows(rows: int, resident: int, matrix_bytes: int) -> int:
@@ -385,10 +469,10 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
             _function(t.id, f"mmvf<{t.id}, {nc}>")(((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
                 w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
         return out
-    for c0, name, rpw, grid in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes), k):
-        launch(_function(t.id, name), grid, (WARPS * 32,), (
-            w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw),
-            act.q[c0:], act.meta[c0:], out[c0:]))
+    for ln in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes), k):
+        launch(_function(t.id, ln.name), ln.grid, ln.block, (
+            w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(ln.rpw),
+            act.q[ln.c0:], act.meta[ln.c0:], out[ln.c0:]), shared_mem=ln.smem)
     return out
 
 

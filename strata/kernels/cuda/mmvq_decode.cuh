@@ -54,7 +54,7 @@ __device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, i
 // RAWF: a cheaper form of the chunk that only the MMVQ dot product takes (decode's second
 // parameter RAW; chunk_acc undoes it exactly, the dequantizer and the host check read the plain
 // form; raw_code below gives a raw chunk's codes):
-//   RAW_SIGNS   grid words times per-weight signs (IQ2 / IQ3): q = g ^ m, neg = m (Chunk);
+//   RAW_SIGNS   grid words times per-weight signs (IQ2, IQ3_XXS): q = g ^ m, neg = m (Chunk);
 //   RAW_NIBBLE  4-bit codes that sit in the high nibbles stay there (q = 16 x code as unsigned
 //               bytes) and the scales take the 1 / 16 (a power of two: the same bits).
 enum { RAW_NONE = 0, RAW_SIGNS = 1, RAW_NIBBLE = 2 };
@@ -374,6 +374,28 @@ __device__ __forceinline__ void signed_pair(Chunk& r, int k, const uint2 g, cons
     set_signed<RAW>(r, k, g.x, m.x);
     set_signed<RAW>(r, k + 1, g.y, m.y);
 }
+// Sign masks of all 8 words of a chunk from its 32 sign bits s (bit 4k + j: byte j of word k)
+// without isolating each word's nibble and widening it by a multiply (28 instructions for 8
+// words): a 4 x 4 bit transpose of each 16-bit half (8 instructions) moves bit j of word k to
+// bit 4j + (k & 3) (+ 16 for k >= 4), that is into selector nibble j; sign_mask_t then reads
+// word k's mask with one prmt whose source bytes (0x00 / 0xFF) only that bit of a nibble
+// tells apart, whatever the nibble's other bits (19 instructions for 8 words in all).
+__device__ __forceinline__ u32 transpose_sign_nibbles(u32 s) {
+    u32 t = (s ^ (s >> 6)) & 0x00CC00CCu;  // index bits 3 <-> 1 (within each 16-bit half)
+    s ^= t ^ (t << 6);
+    t = (s ^ (s >> 3)) & 0x0A0A0A0Au;  // index bits 2 <-> 0
+    return s ^ t ^ (t << 3);
+}
+// Mask of word k (byte j = 0xFF when its sign bit is set) from transpose_sign_nibbles' word.
+// Selector nibble bit 0 decides between bytes 0x00 / 0xFF of 0xFF00FF00, bit 1 of 0xFFFF0000,
+// bit 2 between the two sources 0 and ~0; bit 3 (prmt's sign mode) cannot, so words 3 and 7
+// take bit 2 after a shift. A byte of 0x00 or 0xFF is its own replicated sign: the other
+// nibble bits never matter.
+__device__ __forceinline__ u32 sign_mask_t(u32 t, int k) {
+    const u32 x = t >> ((k >= 4 ? 16 : 0) + ((k & 3) == 3 ? 1 : 0));
+    const int c = (k & 3) == 3 ? 2 : k & 3;
+    return c == 0 ? prmt(0xFF00FF00u, 0xFF00FF00u, x) : c == 1 ? prmt(0xFFFF0000u, 0xFFFF0000u, x) : prmt(0u, ~0u, x);
+}
 // Word i of an IQ3 codebook kept in TSTRIDE interleaved copies, tab at this lane's copy. On the
 // device the shared address is formed here (one shift-add per lookup): written as tab[i *
 // TSTRIDE], the compiler folds the lane's copy into each index and spends two.
@@ -453,11 +475,13 @@ TYPE_HEAD_TAB(18, 256, 98, 0, false, 256, GRID_IQ3XXS_W) {
 TYPE_TAIL
 
 // IQ3_S: half d; qs[64] index low bytes; qh[8] (9th index bits); signs[32]; scales[4] nibbles.
-TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S_W) {
+// Its grid bytes are odd (1..15), so a negated byte -g = ~(g - 1) = g ^ 0xFE: q = g ^ (m & 0xFE
+// per byte) signs a word in one instruction, exactly (no raw form needed).
+TYPE_HEAD_X(21, 256, 110, 0, false, 512, GRID_IQ3S_W, WEIGHT_ORDER) {
     const u32 qh = ld8(b + 66 + sub);
     u32 w[2], sgn[1];  // index low bytes; 4 sign bytes (72 - 4 sub bytes further: same alignment)
     ldwords2(b + 2 + 8 * sub, 72 - 4 * sub, w, sgn);
-    const u32 sg = sgn[0];
+    const u32 st = transpose_sign_nibbles(sgn[0]);
     // The 9th bits as bytes beside the low bytes (byte n of hi[h] = bit 4h + n of qh): one
     // prmt then forms a whole 9-bit index, [low byte n, its 9th bit, 0, 0]; selector nibble
     // 0xC copies the sign of hi's byte 0 (always 0) into the top bytes. 2 instructions per
@@ -468,9 +492,8 @@ TYPE_HEAD_TAB(21, 256, 110, 0, false, 512, GRID_IQ3S_W) {
         const u32 idx = w[l >> 1], h = hi[l >> 1], n = 2 * (l & 1);
         const u32 i0 = prmt(idx, h, 0xCC00u | ((4 + n) << 4) | n);
         const u32 i1 = prmt(idx, h, 0xCC00u | ((5 + n) << 4) | (n + 1));
-        const uint2 m = sign_masks(__byte_perm(sg, 0, 0x4440 + l));
-        set_signed<RAW>(r, 2 * l, grid_word<TSTRIDE>(tab, i0), m.x);
-        set_signed<RAW>(r, 2 * l + 1, grid_word<TSTRIDE>(tab, i1), m.y);
+        r.q[2 * l] = grid_word<TSTRIDE>(tab, i0) ^ (sign_mask_t(st, 2 * l) & 0xFEFEFEFEu);
+        r.q[2 * l + 1] = grid_word<TSTRIDE>(tab, i1) ^ (sign_mask_t(st, 2 * l + 1) & 0xFEFEFEFEu);
     }
     const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
     r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);

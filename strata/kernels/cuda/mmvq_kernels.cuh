@@ -199,18 +199,24 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
 // lanes over one copy; ncu S8-7: 58% of IQ3_S's shared wavefronts were such conflicts).
 // Up to 4 columns (decode windows, S8-11: +5%); the wider kernels, the grouped MoE one among
 // them, sit at their 128-register cap and keep one copy (not measured with more).
-template <class T, int NC> struct Banks {
-    static constexpr int N = (T::ID == 18 || T::ID == 21) && NC <= 4 ? 8 : 1;  // IQ3_XXS, IQ3_S
+// WIDE (mmvq_wide below): a copy per lane, so no lookup conflicts at all.
+template <class T, int NC, bool WIDE = false> struct Banks {
+    static constexpr int N = WIDE ? 32 : (T::ID == 18 || T::ID == 21) && NC <= 4 ? 8 : 1;  // IQ3_XXS, IQ3_S
     static constexpr int WORDS = T::TAB_WORDS * N;
 };
-template <class T, int NC>
+template <class T, int NC, bool WIDE = false>
 __device__ __forceinline__ void load_table(u32* tab) {
     if (T::TAB_WORDS > 1) {
-        constexpr int N = Banks<T, NC>::N;
+        constexpr int N = Banks<T, NC, WIDE>::N;
         for (int i = threadIdx.x; i < T::TAB_WORDS; i += blockDim.x) {
             const u32 w = __ldg(T::table() + i);
+            if constexpr (N % 4 == 0) {  // 16-byte stores
 #pragma unroll
-            for (int c = 0; c < N; ++c) tab[i * N + c] = w;
+                for (int c = 0; c < N; c += 4) *(uint4*)(tab + i * N + c) = make_uint4(w, w, w, w);
+            } else {
+#pragma unroll
+                for (int c = 0; c < N; ++c) tab[i * N + c] = w;
+            }
         }
     }
     __syncthreads();
@@ -232,7 +238,7 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // incrementally (row pointers set once per row group, advanced a tile at a time; stage
 // indices counted, not divided): S6's per-item recomputation cost ~12 instructions per chunk
 // and row on Q2_0 (SASS, S8-2).
-template <class T, int NC, bool A16 = false, int R = RPW>
+template <class T, int NC, bool A16 = false, int R = RPW, bool WIDE = false>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
                                             float* __restrict__ out, size_t out_col_stride, u8* sbuf,
@@ -262,8 +268,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     const u32 sb = (u32)__cvta_generic_to_shared(sbuf);
     // this lane's copy of the codebook (Banks); the offset is hidden from the compiler, which
     // otherwise folds it into every lookup's index (2 more instructions per lookup)
-    u32 bank = (u32)lane % Banks<T, NC>::N;
-    if (Banks<T, NC>::N > 1) asm volatile("mov.b32 %0, %0;" : "+r"(bank));
+    constexpr int NB = Banks<T, NC, WIDE>::N;
+    u32 bank = (u32)lane % NB;
+    if (NB > 1) asm volatile("mov.b32 %0, %0;" : "+r"(bank));
     const u32* btab = tab + bank;
     // issuing side: the next item's group and tile, its first row's tile offset, its stage
     int ig = 0, itile = 0, istage = 0, ivalid = group_rows(0);
@@ -357,7 +364,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
           if (c < nb * CPB) {
             Chunk ch[R];
 #pragma unroll
-            for (int rr = 0; rr < R; ++rr) T::template decode<Banks<T, NC>::N, RAW>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
+            for (int rr = 0; rr < R; ++rr) T::template decode<NB, RAW>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
             const u32 gc = (u32)(b0 * CPB + c);  // chunk index along the row = activation block
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
@@ -406,9 +413,9 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     }
 }
 
-// Rows [x, y) of a matrix that this thread's warp of block bx takes, rows_per_warp per warp.
-__device__ __forceinline__ int2 warp_rows(int bx, int rows_per_warp, int rows) {
-    const int r0 = (bx * WARPS + (int)(threadIdx.x >> 5)) * rows_per_warp;
+// Rows [x, y) of a matrix that this thread's warp of block bx (bw warps) takes, rows_per_warp per warp.
+__device__ __forceinline__ int2 warp_rows(int bx, int rows_per_warp, int rows, int bw = WARPS) {
+    const int r0 = (bx * bw + (int)(threadIdx.x >> 5)) * rows_per_warp;
     return make_int2(r0, min(rows, r0 + rows_per_warp));
 }
 
@@ -443,6 +450,41 @@ __global__ void __launch_bounds__(WARPS * 32, MinBlocks<ID, NC>::N) mmvq(const u
     const size_t g = blockIdx.y;
     stream_rows<T, NC, A16, R>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
                        smem[threadIdx.x >> 5], tab);
+}
+
+// One column of an IQ3 type (IQ3_XXS, IQ3_S) with its codebook in 32 copies, one per lane
+// (Banks<T, 1, true>): every lookup a single shared-memory wavefront. With 8 copies a lookup
+// takes 2-3 (the 4 lanes of a copy collide), and the shared pipe, not the instruction count,
+// bound these types (S11-1: 14 fewer instructions per chunk and row gained 1%). The copies
+// take 64 KB (IQ3_S), so the kernel runs up to WideWarps warps per block (blockDim: mmvq.py
+// picks how many) on WIDE_SMEM_MAX bytes of dynamic shared memory (one block per SM, as many
+// warps as 4 blocks of mmvq's 46 KB had) and is used only where a block may have that much
+// (mmvq.py, _wide_ok: sm_90's 227 KB; not the 99 KB of an sm_89 card).
+// Most warps per block: as many as the 8-copy kernel keeps resident (IQ3_S 16, IQ3_XXS 24: its
+// codebook is half as large, its tiles smaller). Must match mmvq.py.
+template <int ID> struct WideWarps {
+#ifdef WIDE_WARPS
+    static constexpr int N = WIDE_WARPS;
+#else
+    static constexpr int N = ID == 18 ? 24 : 16;
+#endif
+};
+#ifndef WIDE_SMEM_MAX  // = mmvq.py WIDE_SMEM; with the 1 KB of static shared memory the module reports, under 227 KB
+#define WIDE_SMEM_MAX (200 * 1024)
+#endif
+template <int ID, bool A16, int R>
+__global__ void __launch_bounds__(WideWarps<ID>::N * 32, 1) mmvq_wide(const u8* __restrict__ w, int rows, int row_bytes, int k,
+                                                            int rows_per_warp, const i8* __restrict__ q8,
+                                                            const QMeta* __restrict__ meta, float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    constexpr int TAB_BYTES = Banks<T, 1, true>::WORDS * 4, WS = Geometry<T, R>::WARP_SMEM;
+    static_assert(T::TAB_WORDS > 1 && TAB_BYTES + WideWarps<ID>::N * WS <= WIDE_SMEM_MAX, "mmvq_wide: shared memory");
+    extern __shared__ __align__(16) u8 dyn[];
+    allow_dependents();
+    load_table<T, 1, true>((u32*)dyn);
+    const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows, blockDim.x >> 5);
+    stream_rows<T, 1, A16, R, true>(w, r.x, r.y, row_bytes, k, q8, meta, out, rows,
+                                    dyn + TAB_BYTES + (threadIdx.x >> 5) * WS, (const u32*)dyn);
 }
 
 // Experts: out (ncols, n_used, rows); pair p = col * n_used + slot (blockIdx.y) uses expert
