@@ -89,6 +89,16 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s11j)  # mmvq_wide: L2 prefetch of each warp's first rows before the codebook copy, 0 / 4 KB / 16 KB / 64 KB, twice interleaved (S11-10; the knob went with the idea)
+  for rep in 1 2; do
+    for pf in 0 4096 16384 65536; do
+      for s in "57344 8192" "28672 8192" "4096 14336"; do
+        STRATA_MMVQ_WIDE_PREFETCH=$pf python3 bench/bench_mmvq.py --rows ${s% *} --k ${s#* } --types IQ3_S,IQ3_XXS --cols 1 2>&1 \
+          | grep -E "^ *(Q|I)|rror" | sed "s/^/[pf$pf $s] /"
+      done
+    done
+  done | tee $OUT/mmvq.log
+  ;;
 s11h)  # final tree: GPU tests without the test model; seed-moe-full and dense-8b decode new vs HEAD (.gl/base); first half of the test model
   cp .models/tm.part1 /tmp/tm.part1
   timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
