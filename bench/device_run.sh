@@ -89,6 +89,16 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s11k)  # groups of 2 rows (STRATA_MMVQ_GROUP, a knob removed after this run: S11-11) at 14336 x 4096 and 28672 x 4096, 1 column, vs the rule's 4; twice interleaved
+  for rep in 1 2; do
+    for g in 4 2; do
+      for s in "14336 4096" "28672 4096"; do
+        STRATA_MMVQ_GROUP=$g python3 bench/bench_mmvq.py --rows ${s% *} --k ${s#* } --types Q4_K,Q2_0,IQ4_NL,IQ3_S,Q6_K,Q8_0 --cols 1 2>&1 \
+          | grep -E "^ *(Q|I)|rror" | sed "s/^/[g$g $s] /"
+      done
+    done
+  done | tee $OUT/mmvq.log
+  ;;
 s11j)  # mmvq_wide: L2 prefetch of each warp's first rows before the codebook copy, 0 / 4 KB / 16 KB / 64 KB, twice interleaved (S11-10; the knob went with the idea)
   for rep in 1 2; do
     for pf in 0 4096 16384 65536; do
