@@ -89,6 +89,15 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s11l)  # IQ3_S fields by 16-bit loads (no alignment arithmetic; dropped after this run, S11-12): tests; IQ3_S MMVQ new / HEAD (.gl/base2), twice interleaved
+  timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new head new head; do
+    for s in "57344 8192" "28672 8192" "14336 4096" "4096 14336"; do
+      python3 $(tree $v)/bench/bench_mmvq.py --rows ${s% *} --k ${s#* } --types IQ3_S --cols 1,4 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$v $s] /"
+    done
+  done | tee $OUT/mmvq.log
+  ;;
 s11k)  # groups of 2 rows (STRATA_MMVQ_GROUP, a knob removed after this run: S11-11) at 14336 x 4096 and 28672 x 4096, 1 column, vs the rule's 4; twice interleaved
   for rep in 1 2; do
     for g in 4 2; do
