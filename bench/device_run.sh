@@ -89,6 +89,15 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s11m)  # dense-8b with IQ3_S FFN matrices (down projections take mmvq_wide): decode new / WIDE=0 / session start (.gl/base)
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['dense-8b'].with_types({'ffn_gate': 'IQ3_S', 'ffn_up': 'IQ3_S', 'ffn_down': 'IQ3_S'}), '/tmp/d8-iq3s', progress=lambda s: None)"
+  for v in new w0 base new w0; do
+    t=$(tree $v); [ $v = w0 ] && export STRATA_MMVQ_WIDE=0 || unset STRATA_MMVQ_WIDE
+    timeout 60 python3 $t/bench/bench_gpu_engine.py --pack /tmp/d8-iq3s --modes graphs --batches 1 --tokens 32 --runs 3 2>&1 \
+        | grep -E "^\| graphs \||rror" | sed "s/^/[$v] d8-iq3s /"
+  done
+  ;;
 s11l)  # IQ3_S fields by 16-bit loads (no alignment arithmetic; dropped after this run, S11-12): tests; IQ3_S MMVQ new / HEAD (.gl/base2), twice interleaved
   timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
