@@ -183,7 +183,7 @@ s11d)  # mmvq_wide with its warps per block chosen for the busiest last round: t
     done
   done | tee $OUT/mmvq.log
   ;;
-s11c)  # mmvq_wide's shape: warps per block 16 / 20 / 24 and rows per group 4 / 2, IQ3_S and IQ3_XXS, twice
+s11c)  # mmvq_wide's shape: warps per block 16 / 20 / 24 and rows per group 4 / 2, IQ3_S and IQ3_XXS, twice (STRATA_MMVQ_WIDE_GROUP was removed after session 11)
   for rep in 1 2; do
     for cfg in "16 4 204800" "16 2 204800" "24 2 204800" "20 4 215040" "20 2 204800"; do
       set -- $cfg

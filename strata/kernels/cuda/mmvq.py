@@ -47,8 +47,8 @@ LOOKUP_4BIT = tuple(BY_NAME[n].id for n in ("IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"
 # One column of these IQ3 types runs mmvq_wide (mmvq_kernels.cuh: a codebook copy per lane, up
 # to WIDE_WARPS[type] warps per block, WIDE_SMEM bytes of dynamic shared memory, one block per
 # SM) on the matrices _takes_wide names, where the device lets a block have that much shared
-# memory (sm_90 and sm_100 datacenter parts; not an sm_89 card, which keeps mmvq).
-# Must match mmvq_kernels.cuh.
+# memory (sm_90 and sm_100 datacenter parts; not an sm_89 card, which keeps mmvq). The kernels'
+# WideWarps and WIDE_SMEM_MAX are generated from these (_source).
 _WIDE_FORCED = int(os.environ.get("STRATA_MMVQ_WIDE_WARPS") or 0)  # benchmarks only
 WIDE_WARPS = {BY_NAME[n].id: _WIDE_FORCED or w for n, w in (("IQ3_XXS", 24), ("IQ3_S", 16))}
 WIDE_TYPES = tuple(WIDE_WARPS)
@@ -60,8 +60,7 @@ _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
 _KNOBS = {"STRATA_MMVQ_IN_FLIGHT": "IN_FLIGHT", "STRATA_MMVQ_TILE_MAX": "TILE_MAX", "STRATA_MMVQ_CPL_MAX": "CPL_MAX",
           "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS",
-          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW", "STRATA_MMVQ_WIDE_WARPS": "WIDE_WARPS",
-          "STRATA_MMVQ_WIDE_SMEM": "WIDE_SMEM_MAX"}
+          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW"}
 _OPTIONS = ("--use_fast_math", "-std=c++17") + tuple(
     f"-D{macro}={int(os.environ[env])}" for env, macro in _KNOBS.items() if os.environ.get(env))
 _lock = threading.Lock()
@@ -85,7 +84,10 @@ def _source() -> str:
     pdl, common, decode, kernels = ((_HERE / f).read_text() for f in files)
     lut16 = " || ".join(f"ID == {t}" for t in LOOKUP_4BIT)
     lut16 = f"template <int ID> struct LUT16 {{ static constexpr bool YES = {lut16}; }};\n"
-    return pdl + common + table_source() + decode + lut16 + kernels
+    wide = "".join(f"ID == {t} ? {w} : " for t, w in WIDE_WARPS.items())
+    wide = (f"template <int ID> struct WideWarps {{ static constexpr int N = {wide}0; }};\n"
+            f"#define WIDE_SMEM_MAX {WIDE_SMEM}\n")
+    return pdl + common + table_source() + decode + lut16 + wide + kernels
 
 
 def _names(type_id: int) -> list[str]:
@@ -346,7 +348,6 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
             if group < RPW:
                 name, rpw = _mmvq_name(type_id, 1, True, group), group
         if nc == 1 and k and _takes_wide(type_id, rows * type_by_id(type_id).row_bytes(k), group):
-            group = int(os.environ.get("STRATA_MMVQ_WIDE_GROUP") or group)  # benchmarks only
             rpw, warps, blocks = _wide_shape(rows, group, WIDE_WARPS[type_id])
             out.append(Launch(c0, _wide_name(type_id, aligned, group), rpw, (blocks, groups), (warps * 32,), WIDE_SMEM))
             continue
@@ -411,8 +412,9 @@ GROUP2_BYTES = 6 << 20
 # 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
 # IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
 # Where decode graphs launch with PDL (sm_90+, launch.enabled()), every quantized type takes RPW
-# at one column (Q6_K too: S10-6, 16.2 against 18.4 us at 14336 x 4096): the one-wave rule left slots that the next launch's blocks filled early, their
-# prefetches competing with the running kernel (S10-9, us, rule -> RPW: 57344 x 8192 Q4_0 72.2
+# at one column (Q6_K too: S10-6, 16.2 against 18.4 us at 14336 x 4096): the one-wave rule left
+# slots that the next launch's blocks filled early, their prefetches competing with the running
+# kernel (S10-9, us, rule -> RPW: 57344 x 8192 Q4_0 72.2
 # -> 65.2, Q4_1 78.8 -> 71.2, Q5_1 98.9 -> 86.6, Q8_0 134.0 -> 122.0, Q4_K 72.4 -> 65.3, Q5_K
 # 90.8 -> 81.4, 97-99% of copy; 14336 x 4096 Q8_0 23.3 -> 19.7, Q5_0 14.4 -> 13.7, Q5_K 14.5
 # -> 13.9, the rest equal). Without PDL (GPUs before sm_90) the measurements above stand.
