@@ -8,6 +8,39 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TOKENIZER_GGUF=$PWD/.models/tokenizer.gguf
 stage=$1; shift
 
+# A final tree's check (sessions 11, 12): the first half of the test model to /tmp; every GPU test
+# that does not need the model; dense-8b and seed-moe-full decode, new vs .gl/base.
+tests_big_decode_tm_part1() {
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py \
+      tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  big_decode "new base"
+}
+
+# Session 12: IQ3_S MMVQ at 57344 and 28672 x 8192 under each labelled mmvq_wide configuration of
+# $1, twice. The knobs of copies (WIDE_COPIES) and stages (WIDE_IN_FLIGHT) were removed after
+# the runs (S12-4, S12-5: no configuration beat 32 copies x 16 warps x 2 stages).
+iq3s_wide_configs() {
+  for r in 1 2; do for c in $1; do
+    case $c in
+      c32w20) e="STRATA_MMVQ_WIDE_WARPS=20 STRATA_MMVQ_WIDE_SMEM=212000" ;;
+      c32w22) e="STRATA_MMVQ_WIDE_WARPS=22 STRATA_MMVQ_WIDE_SMEM=224000" ;;
+      c16w24) e="STRATA_MMVQ_WIDE_COPIES=16 STRATA_MMVQ_WIDE_WARPS=24" ;;
+      c16s2) e="STRATA_MMVQ_WIDE_COPIES=16" ;;
+      c16s3) e="STRATA_MMVQ_WIDE_COPIES=16 STRATA_MMVQ_WIDE_IN_FLIGHT=6272 STRATA_MMVQ_WIDE_SMEM=212000" ;;
+      c32s3w12) e="STRATA_MMVQ_WIDE_IN_FLIGHT=6272 STRATA_MMVQ_WIDE_SMEM=212000 STRATA_MMVQ_WIDE_WARPS=12" ;;
+      *) e="STRATA_X=1" ;;  # c32w16 / c32s2: the default
+    esac
+    for rows in 57344 28672; do
+      env $e python3 bench/bench_mmvq.py --rows $rows --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c $rows] /"
+    done
+  done; done | tee $OUT/mmvq.log
+}
+
+
 # Same-call baselines (session 6): "base" is session 5's strata/ and bench/ and "head" the tree
 # before the change under test, each a `git archive` under .gl/ (ignored, carried); run by path.
 tree() { case $1 in base) echo .gl/base ;; head) echo .gl/base2 ;; *) echo . ;; esac; }
@@ -89,6 +122,44 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s12f)  # TilePtr tree: GPU tests without the test model; seed-moe-full and dense-8b decode new vs HEAD (.gl/base); first half of the test model
+  tests_big_decode_tm_part1
+  ;;
+s12g)  # the test model joined: GPU tests with it; its decode new vs HEAD (.gl/base); seed-moe-full pp512 (eager, noisy in s12f) interleaved twice
+  tm_joined_tests_decode
+  for v in new base new base; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
+        | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] seed-moe-full /"
+  done
+  ;;
+s12e)  # mmvq_wide IQ3_S: more warps per block now that it takes 80 registers: 32 copies x 16 / 20 / 22 warps, 16 copies x 24; twice
+  iq3s_wide_configs "c32w16 c32w20 c32w22 c16w24"
+  ;;
+s12d)  # mmvq_wide IQ3_S: 16 codebook copies (32 KB) and 3 stages (one more item in flight per warp) vs 32 copies, 2 stages; twice
+  iq3s_wide_configs "c32s2 c16s2 c16s3 c32s3w12"
+  ;;
+s12c)  # mmvq_wide in groups of 8 rows (one chunk per lane, the same shared memory) vs 4, IQ3 at 57344 / 28672 x 8192; twice
+  for r in 1 2; do for c in g4 g8c1 g4c1; do
+    e="STRATA_MMVQ_WIDE_GROUP="; [ $c = g8c1 ] && e="STRATA_MMVQ_WIDE_GROUP=8 STRATA_MMVQ_CPL_MAX=1"; [ $c = g4c1 ] && e="STRATA_MMVQ_CPL_MAX=1"
+    for rows in 57344 28672; do
+      env $e python3 bench/bench_mmvq.py --rows $rows --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$c $rows] /"
+    done
+  done; done | tee $OUT/mmvq.log
+  ;;
+s12b)  # which half of s12a does what: TILE_PTR / HIDE_SB knobs 11 / 10 / 01 / 00, twice interleaved
+  for r in 1 2; do for c in 11 10 01 00; do
+    STRATA_MMVQ_TILE_PTR=${c:0:1} STRATA_MMVQ_HIDE_SB=${c:1:1} python3 bench/bench_mmvq.py --types IQ3_S,Q3_K,IQ4_NL,Q4_K --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$c] /"
+    STRATA_MMVQ_TILE_PTR=${c:0:1} STRATA_MMVQ_HIDE_SB=${c:1:1} python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$c big] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
+s12a)  # TilePtr (a block's tile offset per lane: alignment arithmetic once for a warp's rows) and the warp's buffer hidden from the compiler: tests; MMVQ new / HEAD (.gl/base), twice interleaved
+  timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_decode_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new base new base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL,Q3_K,Q8_0 --cols 1,4 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,Q2_0,IQ4_NL,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v big] /"
+  done | tee $OUT/mmvq.log
+  ;;
 s11m)  # dense-8b with IQ3_S FFN matrices (down projections take mmvq_wide): decode new / WIDE=0 / session start (.gl/base)
   python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
 synth_pack(PRESETS['dense-8b'].with_types({'ffn_gate': 'IQ3_S', 'ffn_up': 'IQ3_S', 'ffn_down': 'IQ3_S'}), '/tmp/d8-iq3s', progress=lambda s: None)"
@@ -128,13 +199,7 @@ s11j)  # mmvq_wide: L2 prefetch of each warp's first rows before the codebook co
   done | tee $OUT/mmvq.log
   ;;
 s11h)  # final tree: GPU tests without the test model; seed-moe-full and dense-8b decode new vs HEAD (.gl/base); first half of the test model
-  cp .models/tm.part1 /tmp/tm.part1
-  timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
-      tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py \
-      tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
-  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  synth_big
-  big_decode "new base"
+  tests_big_decode_tm_part1
   ;;
 s11i)  # the test model joined: GPU tests with it; its decode new vs HEAD (.gl/base)
   tm_joined_tests_decode

@@ -5,7 +5,9 @@
 //   IOFF      integer offset added to every code (value = code + IOFF), applied exactly
 //             through the activations' integer sums;
 //   MIN       whether Chunk::mn holds min coefficients (times the activation sums);
-//   decode(b, sub, r)  fills chunk `sub` (32 weights) of the block at b (shared memory).
+//   decode(b, sub, r)  fills chunk `sub` (32 weights) of the block at b (shared memory; a
+//             plain pointer, or a TilePtr that also carries b's alignment: mmvq_common.cuh).
+//             Word loads go through ldwords / ld32u, which read either.
 // Layouts follow ggml-common.h; the codes match strata.kernels.mmvq_codes* up to exact
 // integer rewrites (e.g. IQ1 codes are 8 * grid + 16 +- 1 with IOFF -16, scale / 8).
 // Tables (IQ grids, E8M0 / UE4M3 scales) are generated from strata's Python tables.
@@ -64,8 +66,8 @@ enum { RAW_NONE = 0, RAW_SIGNS = 1, RAW_NIBBLE = 2 };
         static constexpr int ORDER = ORDER_, RAWF = RAWF_;                       \
         static constexpr bool MIN = MIN_;                                        \
         __device__ static __forceinline__ const u32* table() { return TAB_; }     \
-        template <int TSTRIDE = 1, bool RAW = false>                             \
-        __device__ static __forceinline__ void decode(const u8* b, int sub, Chunk& r, const u32* tab)
+        template <int TSTRIDE = 1, bool RAW = false, class P = const u8*>        \
+        __device__ static __forceinline__ void decode(P b, int sub, Chunk& r, const u32* tab)
 #define TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, RAW_NONE)
 #define TYPE_HEAD_TAB(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_) TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, WEIGHT_ORDER, RAW_SIGNS)
 #define TYPE_HEAD(ID_, BS_, TS_, IOFF_, MIN_) TYPE_HEAD_X(ID_, BS_, TS_, IOFF_, MIN_, 1, nullptr, WEIGHT_ORDER)
@@ -307,7 +309,7 @@ __device__ __forceinline__ void k4_scale_min(const u8* s, int j, u32& sc, u32& m
 // RAW: the high nibbles stay in place (one mask per word instead of a shift and a mask).
 TYPE_HEAD_S(12, 256, 144, 0, true, 1, nullptr, WEIGHT_ORDER, RAW_NIBBLE) {
     // 144-byte blocks in 16-aligned rows: qs runs are 16-byte aligned
-    const uint4* q = (const uint4*)(b + 16 + 32 * (sub >> 1));
+    const uint4* q = (const uint4*)((const u8*)b + 16 + 32 * (sub >> 1));
     const int sh = 4 * (sub & 1);
     const uint4 v0 = q[0], v1 = q[1];
     const u32 v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};

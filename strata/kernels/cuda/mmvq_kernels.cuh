@@ -364,7 +364,13 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
           if (c < nb * CPB) {
             Chunk ch[R];
 #pragma unroll
-            for (int rr = 0; rr < R; ++rr) T::template decode<NB, RAW>(base[rr] + (c / CPB) * T::TS, c % CPB, ch[rr], btab);
+            for (int rr = 0; rr < R; ++rr) {
+                const u8* b = base[rr] + (c / CPB) * T::TS;
+                if constexpr (AL)  // the block's offset in a 16-aligned tile: the same for every row
+                    T::template decode<NB, RAW>(TilePtr{b, (u32)((c / CPB) * T::TS)}, c % CPB, ch[rr], btab);
+                else
+                    T::template decode<NB, RAW>(b, c % CPB, ch[rr], btab);
+            }
             const u32 gc = (u32)(b0 * CPB + c);  // chunk index along the row = activation block
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
