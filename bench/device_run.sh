@@ -122,6 +122,26 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s12i)  # lean one-column instance (CPL 1, 7 blocks per SM) where 14336 rows need one wave of it: tests; MMVQ new / HEAD (.gl/base2, TilePtr) / session start (.gl/base), twice
+  timeout 240 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new head base new head base; do
+    python3 $(tree $v)/bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v] /"
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v big] /"
+  done | tee $OUT/mmvq.log
+  ;;
+s12h)  # 14336 x 4096 at 1 column: more resident warps (registers held by NARROW_MIN_BLOCKS, smaller tiles by CPL_MAX=1) so that 3584 warps fit one wave; twice
+  for r in 1 2; do for c in def nmb6 nmb7c1 c1; do
+    case $c in
+      nmb6) e="STRATA_MMVQ_NARROW_MIN_BLOCKS=6" ;;
+      nmb7c1) e="STRATA_MMVQ_NARROW_MIN_BLOCKS=7 STRATA_MMVQ_CPL_MAX=1" ;;
+      c1) e="STRATA_MMVQ_CPL_MAX=1" ;;
+      *) e="STRATA_X=1" ;;
+    esac
+    env $e python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c] /"
+    env $e python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_K,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c big] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
 s12f)  # TilePtr tree: GPU tests without the test model; seed-moe-full and dense-8b decode new vs HEAD (.gl/base); first half of the test model
   tests_big_decode_tm_part1
   ;;

@@ -224,6 +224,47 @@ def test_wide_codebook_kernel_equals_the_eight_copy_one(type_id):
     np.testing.assert_array_equal(cp.asnumpy(gpu.mmvq(type_id, wbig, big, k2, q82)), cp.asnumpy(out))
 
 
+@pytest.mark.parametrize("type_id", gpu.LEAN_TYPES, ids=[type_by_id(t).name for t in gpu.LEAN_TYPES])
+def test_lean_instance_equals_the_default(type_id, monkeypatch):
+    """The lean one-column instance (one chunk per lane per tile, registers held for more resident
+    blocks) gives the default instance's bits, for a ragged tail and several rows per warp; and
+    column_launches takes it exactly where the default needs more than one wave and the lean one
+    fits in one, only with PDL (where it was measured)."""
+    rows, k = 4 * gpu.WARPS * 5 + 7, 4096
+    rng = _rng(type_id, 11)
+    t = type_by_id(type_id)
+    host = random_blocks(type_id, rows, k, rng)
+    w = cp.asarray(host)
+    x = _x(rng, 1, k)
+    q8 = gpu.quantize_q8_1(cp.asarray(x))
+    default, lean = gpu._mmvq_name(type_id, 1, True), gpu._mmvq_name(type_id, 1, True, lean=True)
+    outs = {}
+    for name in (default, lean):
+        for rpw in (gpu.RPW, 3 * gpu.RPW):
+            out = cp.full((1, rows), cp.nan, dtype=cp.float32)
+            gpu._function(type_id, name)((-(-rows // (rpw * gpu.WARPS)),), (gpu.WARPS * 32,), (
+                w, np.int32(rows), np.int32(t.row_bytes(k)), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
+            outs[name, rpw] = cp.asnumpy(out)
+    ref = outs[default, gpu.RPW]
+    assert _rel(ref, mmvq_numpy.mmvq(type_id, host, x)) < REL_BOUND
+    for key, out in outs.items():
+        np.testing.assert_array_equal(out, ref, err_msg=f"{key} (seed {SEED})")
+    # the rule, at the row counts where the resident warps of the two instances part
+    few, many = gpu._resident_warps(type_id, default), gpu._resident_warps(type_id, lean)
+    assert many > few  # more blocks per SM: the point of the instance
+    def name_at(n):
+        (ln,) = gpu.column_launches(type_id, n, 1, split=False, aligned=True, k=k)
+        return ln.name
+    if gpu.pdl.enabled():
+        assert name_at(gpu.RPW * few + 1) == lean and name_at(gpu.RPW * many) == lean
+    else:
+        assert name_at(gpu.RPW * few + 1) == default
+    assert name_at(gpu.RPW * few) == default and name_at(gpu.RPW * many + 1) == default
+    monkeypatch.setattr(gpu.pdl, "enabled", lambda: False)
+    assert name_at(gpu.RPW * few + 1) == default
+    assert not gpu._takes_lean(42, gpu.RPW * few + 1, gpu._mmvq_name(42, 1, True))  # Q2_0: not a lean type
+
+
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)
 def test_mmvq_experts_matches_mirror(type_id):
     n_expert, rows, k = 5, 33, 1280

@@ -26,12 +26,14 @@
 #ifndef CPL_MAX
 #define CPL_MAX 2
 #endif
-template <class T, int R = RPW> struct Geometry {  // R: rows a warp works on together
+// R: rows a warp works on together; CMAX: the most chunks per lane per row tile (1 in the lean
+// instances: smaller stages, more blocks per SM)
+template <class T, int R = RPW, int CMAX = CPL_MAX> struct Geometry {
     static constexpr int CPB = T::BS / 32;  // chunks per block
     static constexpr int ROUND = (32 / CPB) * T::TS;  // bytes of 32 chunks
     // chunks per lane per row per item: 2 or 4 where a round is small, to spread the per-item
     // overhead (copies, addressing, loop) over more work
-    static constexpr int CPL = CPL_MAX >= 4 && 4 * ROUND <= TILE_MAX ? 4 : CPL_MAX >= 2 && 2 * ROUND <= TILE_MAX ? 2 : 1;
+    static constexpr int CPL = CMAX >= 4 && 4 * ROUND <= TILE_MAX ? 4 : CMAX >= 2 && 2 * ROUND <= TILE_MAX ? 2 : 1;
     static constexpr int TB = 32 * CPL / CPB;                      // blocks per tile
     static constexpr int TBUF = (TB * T::TS + 16 + 15) / 16 * 16;  // + alignment slack
     static constexpr int ITEM = R * TB * T::TS;
@@ -238,12 +240,12 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // incrementally (row pointers set once per row group, advanced a tile at a time; stage
 // indices counted, not divided): S6's per-item recomputation cost ~12 instructions per chunk
 // and row on Q2_0 (SASS, S8-2).
-template <class T, int NC, bool A16 = false, int R = RPW, bool WIDE = false>
+template <class T, int NC, bool A16 = false, int R = RPW, bool WIDE = false, int CMAX = CPL_MAX>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
                                             float* __restrict__ out, size_t out_col_stride, u8* sbuf,
                                             const u32* tab, int written = NC) {
-    typedef Geometry<T, R> G;
+    typedef Geometry<T, R, CMAX> G;
     constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
     constexpr int TILE = TB * T::TS;  // bytes of a full tile of one row
     constexpr int NJ = (G::MAXP + 31) / 32;
@@ -443,18 +445,27 @@ template <int ID, int NC> struct MinBlocks {
     static constexpr int N = NC >= 4 && !(NC >= 5 && TypeOf<ID>::TAB_WORDS > 1) ? WIDE_MIN_BLOCKS
                              : NC == 1 ? NARROW_MIN_BLOCKS : 1;
 };
-template <int ID, int NC, bool A16 = false, int R = RPW>
-__global__ void __launch_bounds__(WARPS * 32, MinBlocks<ID, NC>::N) mmvq(const u8* __restrict__ w, int rows, int row_bytes, int k,
-                                                   int rows_per_warp, const i8* __restrict__ q8,
-                                                   const QMeta* __restrict__ meta, float* __restrict__ out) {
+// LEAN (one column; mmvq.py, _takes_lean): one chunk per lane per row tile and the registers held
+// for LEAN_MIN_BLOCKS blocks per SM. Q4_K then keeps 7 blocks (28 warps) resident per SM instead
+// of 5 (its registers and 38 KB of tiles per block), and 14336 rows in groups of 4 (3584 warps)
+// run in one wave instead of 1.36: 11.0 -> 10.5 us, IQ4_NL 14.6 -> 13.6 (S12-8). On more rows
+// the default's larger tiles win (57344 x 8192: Q4_K 64.3 -> 65.9).
+#ifndef LEAN_MIN_BLOCKS
+#define LEAN_MIN_BLOCKS 7
+#endif
+template <int ID, int NC, bool A16 = false, int R = RPW, bool LEAN = false>
+__global__ void __launch_bounds__(WARPS * 32, LEAN ? LEAN_MIN_BLOCKS : MinBlocks<ID, NC>::N) mmvq(
+    const u8* __restrict__ w, int rows, int row_bytes, int k, int rows_per_warp, const i8* __restrict__ q8,
+    const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    __shared__ __align__(16) u8 smem[WARPS][Geometry<T, R>::WARP_SMEM];
+    constexpr int CMAX = LEAN ? 1 : CPL_MAX;
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T, R, CMAX>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[Banks<T, NC>::WORDS];
     allow_dependents();
     load_table<T, NC>(tab);
     const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     const size_t g = blockIdx.y;
-    stream_rows<T, NC, A16, R>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
+    stream_rows<T, NC, A16, R, false, CMAX>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
                        smem[threadIdx.x >> 5], tab);
 }
 
