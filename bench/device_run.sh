@@ -122,6 +122,18 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s12j)  # mmvq_wide rows spread evenly over the grid's warps (every SM a block; 128 of 132 before; dropped after this run, S12-11): every GPU test without the test model; IQ3 MMVQ new / HEAD (.gl/base2), twice
+  timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py \
+      tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for v in new head new head; do
+    for rows in 57344 28672; do
+      python3 $(tree $v)/bench/bench_mmvq.py --rows $rows --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v $rows] /"
+    done
+    python3 $(tree $v)/bench/bench_mmvq.py --rows 4096 --k 14336 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)" | sed "s/^/[$v 4096x14336] /"
+  done | tee $OUT/mmvq.log
+  ;;
 s12i)  # lean one-column instance (CPL 1, 7 blocks per SM) where 14336 rows need one wave of it: tests; MMVQ new / HEAD (.gl/base2, TilePtr) / session start (.gl/base), twice
   timeout 240 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
