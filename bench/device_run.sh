@@ -122,6 +122,16 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s12k)  # decode with 64 MiB-and-up IQ3_S matrices: a 70B-class llama cut to 8 layers (n_embd 8192, ff 28672; gate+up 57344 x 8192 and down 8192 x 28672 IQ3_S), mmvq_wide on / off (STRATA_MMVQ_WIDE=0), interleaved twice
+  python3 -c "import dataclasses, time; from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+t = time.time(); s = dataclasses.replace(PRESETS['dense-8b'], n_layer=8, n_embd=8192, n_ff=28672, n_head=64, n_head_kv=8, head_dim=128)
+synth_pack(s.with_types({'ffn_gate': 'IQ3_S', 'ffn_up': 'IQ3_S', 'ffn_down': 'IQ3_S'}), '/tmp/d70-iq3s', progress=lambda s: None); print('synthesized in %.0f s' % (time.time() - t))"
+  for v in on off on off; do
+    [ $v = off ] && export STRATA_MMVQ_WIDE=0 || unset STRATA_MMVQ_WIDE
+    timeout 90 python3 bench/bench_gpu_engine.py --pack /tmp/d70-iq3s --modes graphs --batches 1 --tokens 32 --runs 3 2>&1 \
+        | grep -E "^\| graphs \||rror" | sed "s/^/[wide $v] d70-iq3s /"
+  done
+  ;;
 s12j)  # mmvq_wide rows spread evenly over the grid's warps (every SM a block; 128 of 132 before; dropped after this run, S12-11): every GPU test without the test model; IQ3 MMVQ new / HEAD (.gl/base2), twice
   timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
       tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py \

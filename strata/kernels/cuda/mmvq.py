@@ -382,7 +382,9 @@ def _takes_wide(type_id: int, matrix_bytes: int, group: int) -> bool:
     (groups of 2) 16.1 -> 13.9; IQ3_XXS 4096 x 14336 18.5 -> 13.8, 28672 and 57344 x 8192 equal.
     Where it loses: 14336 x 4096 (25 MB in groups of 4) IQ3_S 13.3 -> 13.4, IQ3_XXS 12.5 -> 13.2;
     4096 x 4096 IQ3_S 5.2 -> 6.2; 1024 x 4096 3.1 -> 3.6, 2.9 -> 3.8: with one block per SM the
-    next launch's blocks cannot come in early (PDL), and a short launch is mostly ramp."""
+    next launch's blocks cannot come in early (PDL), and a short launch is mostly ramp. In decode
+    (S12-12, a 70B-class llama with IQ3_S FFN, 8 layers, B=1): 566-572 tok/s with it, 491-540
+    without."""
     if type_id not in WIDE_TYPES or matrix_bytes < WIDE_MIN_BYTES or not _wide_ok():
         return False
     return group < RPW or matrix_bytes >= WIDE_ANY_BYTES
