@@ -122,6 +122,24 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s12m)  # IQ3_S, more of the integer pipe's work on the multiply-add pipe: dp2a addresses (d), + scale 1 + 2s by an fma (s), + right shifts by mul.hi (m): tests with all; MMVQ, twice (s and m, and the knobs, dropped after the run: S12-14)
+  STRATA_MMVQ_IQ3S_DP2A=1 STRATA_MMVQ_IQ3S_SCALE_FMA=1 STRATA_MMVQ_IQ3S_MULHI=1 timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py \
+      -k "IQ3_S or wide" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for r in 1 2; do for c in d ds dsm; do
+    e="STRATA_MMVQ_IQ3S_DP2A=1"; [ $c != d ] && e="$e STRATA_MMVQ_IQ3S_SCALE_FMA=1"; [ $c = dsm ] && e="$e STRATA_MMVQ_IQ3S_MULHI=1"
+    env $e python3 bench/bench_mmvq.py --types IQ3_S --cols 1,4 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c] /"
+    env $e python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c big] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
+s12l)  # IQ3_S grid addresses by dp2a (two indices per prmt, the multiply-add on the FMA pipe; knob IQ3S_DP2A, the default after the run, S12-13): mmvq tests with it; IQ3_S MMVQ on / off, twice
+  STRATA_MMVQ_IQ3S_DP2A=1 timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py -k "IQ3_S or wide" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for r in 1 2; do for v in 1 0; do
+    STRATA_MMVQ_IQ3S_DP2A=$v python3 bench/bench_mmvq.py --types IQ3_S --cols 1,4 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[dp2a$v] /"
+    STRATA_MMVQ_IQ3S_DP2A=$v python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[dp2a$v big] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
 s12k)  # decode with 64 MiB-and-up IQ3_S matrices: a 70B-class llama cut to 8 layers (n_embd 8192, ff 28672; gate+up 57344 x 8192 and down 8192 x 28672 IQ3_S), mmvq_wide on / off (STRATA_MMVQ_WIDE=0), interleaved twice
   python3 -c "import dataclasses, time; from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
 t = time.time(); s = dataclasses.replace(PRESETS['dense-8b'], n_layer=8, n_embd=8192, n_ff=28672, n_head=64, n_head_kv=8, head_dim=128)
