@@ -262,7 +262,7 @@ def test_lean_instance_equals_the_default(type_id, monkeypatch):
     assert name_at(gpu.RPW * few) == default and name_at(gpu.RPW * many + 1) == default
     monkeypatch.setattr(gpu.pdl, "enabled", lambda: False)
     assert name_at(gpu.RPW * few + 1) == default
-    assert not gpu._takes_lean(42, gpu.RPW * few + 1, gpu._mmvq_name(42, 1, True))  # Q2_0: not a lean type
+    assert not gpu._takes_lean(42, gpu.RPW * few + 1, few)  # Q2_0: not a lean type
 
 
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)

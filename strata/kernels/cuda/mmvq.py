@@ -54,10 +54,10 @@ WIDE_WARPS = {BY_NAME[n].id: _WIDE_FORCED or w for n, w in (("IQ3_XXS", 24), ("I
 WIDE_TYPES = tuple(WIDE_WARPS)
 WIDE_SMEM = int(os.environ.get("STRATA_MMVQ_WIDE_SMEM") or 200 * 1024)
 WIDE_MIN_BYTES = 16 << 20  # few long rows (groups of 2) from here
+WIDE_ANY_BYTES = 64 << 20  # any matrix from here
 # Types with a lean one-column instance (_takes_lean): those it was measured to help (S12-8;
 # Q2_0 already runs one wave, IQ3_S does not fit one wave either way and lost 7%).
 LEAN_TYPES = tuple(BY_NAME[n].id for n in ("Q4_K", "IQ4_NL"))
-WIDE_ANY_BYTES = 64 << 20  # any matrix from here
 
 _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
@@ -348,13 +348,15 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
         name = _mmvq_name(type_id, nc, aligned)
         rpw = _rows_per_warp(type_id, name, rows, one_column=nc == 1)
         group = RPW
+        matrix_bytes = rows * type_by_id(type_id).row_bytes(k) if k else 0
         if nc == 1 and aligned and k:
-            group = _group_rows(rows, _resident_warps(type_id, name), rows * type_by_id(type_id).row_bytes(k))
+            resident = _resident_warps(type_id, name)
+            group = _group_rows(rows, resident, matrix_bytes)
             if group < RPW:
                 name, rpw = _mmvq_name(type_id, 1, True, group), group
-            elif _takes_lean(type_id, rows, name):
+            elif _takes_lean(type_id, rows, resident):
                 name, rpw = _mmvq_name(type_id, 1, True, lean=True), RPW
-        if nc == 1 and k and _takes_wide(type_id, rows * type_by_id(type_id).row_bytes(k), group):
+        if nc == 1 and k and _takes_wide(type_id, matrix_bytes, group):
             rpw, warps, blocks = _wide_shape(rows, group, WIDE_WARPS[type_id])
             out.append(Launch(c0, _wide_name(type_id, aligned, group), rpw, (blocks, groups), (warps * 32,), WIDE_SMEM))
             continue
@@ -362,18 +364,18 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
     return out
 
 
-def _takes_lean(type_id: int, rows: int, name: str) -> bool:
+def _takes_lean(type_id: int, rows: int, resident: int) -> bool:
     """Whether one column of aligned rows runs the lean instance (mmvq_kernels.cuh, LEAN: smaller
     tiles, registers held for more resident blocks): for a type of LEAN_TYPES, under PDL (where it
     was measured: rows in groups of RPW, one warp each), when its row groups need more than one
     wave of the default instance and fit one of the lean one. On the H200, 14336 rows (S12-8, us,
     default -> lean): Q4_K 11.0 -> 10.5 (72 -> 75-76% of copy), IQ4_NL 14.6 -> 13.6. Larger
     matrices run several waves either way, and there the default's larger tiles win (57344 x
-    8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0)."""
+    8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0). resident: the default instance's resident warps."""
     if type_id not in LEAN_TYPES or not pdl.enabled():
         return False
     warps = -(-rows // RPW)
-    return _resident_warps(type_id, name) < warps <= _resident_warps(type_id, _mmvq_name(type_id, 1, True, lean=True))
+    return resident < warps <= _resident_warps(type_id, _mmvq_name(type_id, 1, True, lean=True))
 
 
 def _takes_wide(type_id: int, matrix_bytes: int, group: int) -> bool:

@@ -401,33 +401,35 @@ __device__ __forceinline__ u32 sign_mask_t(u32 t, int k) {
 // Word i of an IQ3 codebook kept in TSTRIDE interleaved copies, tab at this lane's copy. On the
 // device the shared address is formed here (one shift-add per lookup): written as tab[i *
 // TSTRIDE], the compiler folds the lane's copy into each index and spends two.
-template <int TSTRIDE>
-__device__ __forceinline__ u32 grid_word(const u32* tab, u32 i) {
 #ifdef __CUDA_ARCH__
-    if (TSTRIDE > 1) {
-        u32 v;
-        const u32 a = (u32)__cvta_generic_to_shared(tab) + i * (4u * TSTRIDE);
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
-        return v;
-    }
-#endif
-    return tab[i * TSTRIDE];
-}
-
-#ifdef __CUDA_ARCH__
-// Word of the index in 16-bit half H of x (two 9-bit indices side by side, one prmt for both):
-// dp2a forms its shared address, index * 4 * TSTRIDE + the table's, on the multiply-add pipe.
-// grid_word's prmt per index runs on the integer pipe, which LOP3, PRMT and SHF keep as busy as
-// the issue slots in IQ3_S (ncu, S12-10): 4 fewer of those per chunk and row, 57344 x 8192 69.2
-// -> 66.5-66.8 us (S12-13). (4 * TSTRIDE fits a byte for TSTRIDE up to 32.)
-template <int TSTRIDE, int H>
-__device__ __forceinline__ u32 grid_word_at(const u32* tab, u32 x) {
-    u32 a, v;
-    asm("dp2a.lo.u32.u32 %0, %1, %2, %3;" : "=r"(a) : "r"(x), "r"((4u * TSTRIDE) << (8 * H)), "r"((u32)__cvta_generic_to_shared(tab)));
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+__device__ __forceinline__ u32 lds32(u32 shared_address) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(shared_address));
     return v;
 }
 #endif
+template <int TSTRIDE>
+__device__ __forceinline__ u32 grid_word(const u32* tab, u32 i) {
+#ifdef __CUDA_ARCH__
+    if (TSTRIDE > 1) return lds32((u32)__cvta_generic_to_shared(tab) + i * (4u * TSTRIDE));
+#endif
+    return tab[i * TSTRIDE];
+}
+// The codebook word of the index in 16-bit half H of x (two indices side by side, formed by one
+// prmt). On the device dp2a forms its shared address, index * 4 * TSTRIDE + the table's, on the
+// multiply-add pipe: a prmt per index (grid_word) runs on the integer pipe, which LOP3, PRMT and
+// SHF keep as busy as the issue slots in IQ3_S (ncu, S12-10). 4 fewer of those per chunk and
+// row: 57344 x 8192 69.2 -> 66.5-66.8 us (S12-13). (4 * TSTRIDE fits dp2a's byte up to 32.)
+template <int TSTRIDE, int H>
+__device__ __forceinline__ u32 grid_word_at(const u32* tab, u32 x) {
+#ifdef __CUDA_ARCH__
+    u32 a;
+    asm("dp2a.lo.u32.u32 %0, %1, %2, %3;" : "=r"(a) : "r"(x), "r"((4u * TSTRIDE) << (8 * H)), "r"((u32)__cvta_generic_to_shared(tab)));
+    return lds32(a);
+#else
+    return grid_word<TSTRIDE>(tab, (x >> (16 * H)) & 0xFFFFu);
+#endif
+}
 
 // IQ2_XXS: half d; per 32 weights two u32: 4 grid indices (bytes); 4 x 7 sign bits + scale.
 TYPE_HEAD_TAB(16, 256, 66, 0, false, 2 * 256, GRID_IQ2XXS_W) {
@@ -500,23 +502,17 @@ TYPE_HEAD_X(21, 256, 110, 0, false, 512, GRID_IQ3S_W, WEIGHT_ORDER) {
     ldwords2(b + 2 + 8 * sub, 72 - 4 * sub, w, sgn);
     const u32 st = transpose_sign_nibbles(sgn[0]);
     // The 9th bits as bytes beside the low bytes (byte n of hi[h] = bit 4h + n of qh): one
-    // prmt then forms a whole 9-bit index, [low byte n, its 9th bit, 0, 0]; selector nibble
-    // 0xC copies the sign of hi's byte 0 (always 0) into the top bytes. 2 instructions per
-    // index with its address, where shifting and masking qh per index took 4 (SASS, S10).
+    // prmt then forms two whole 9-bit indices as 16-bit halves, [low byte n, its 9th bit, low
+    // byte n + 1, its 9th bit], and grid_word_at takes each to its address (S10: shifting and
+    // masking qh per index took 4 instructions; S12-13: a prmt per index, 2).
     const u32 hi[2] = {spread4(qh & 15), spread4(qh >> 4)};
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const u32 idx = w[l >> 1], h = hi[l >> 1], n = 2 * (l & 1);
-#ifdef __CUDA_ARCH__
+        // indices n and n + 1 as 16-bit halves: [low byte, its 9th bit] each
         const u32 x = prmt(idx, h, n | ((4 + n) << 4) | ((n + 1) << 8) | ((5 + n) << 12));
         r.q[2 * l] = grid_word_at<TSTRIDE, 0>(tab, x) ^ (sign_mask_t(st, 2 * l) & 0xFEFEFEFEu);
         r.q[2 * l + 1] = grid_word_at<TSTRIDE, 1>(tab, x) ^ (sign_mask_t(st, 2 * l + 1) & 0xFEFEFEFEu);
-#else
-        const u32 i0 = prmt(idx, h, 0xCC00u | ((4 + n) << 4) | n);
-        const u32 i1 = prmt(idx, h, 0xCC00u | ((5 + n) << 4) | (n + 1));
-        r.q[2 * l] = grid_word<TSTRIDE>(tab, i0) ^ (sign_mask_t(st, 2 * l) & 0xFEFEFEFEu);
-        r.q[2 * l + 1] = grid_word<TSTRIDE>(tab, i1) ^ (sign_mask_t(st, 2 * l + 1) & 0xFEFEFEFEu);
-#endif
     }
     const u32 s = (ld8(b + 106 + (sub >> 1)) >> (4 * (sub & 1))) & 15;
     r.sc[0] = r.sc[1] = ldh(b) * (float)(1 + 2 * (int)s);
