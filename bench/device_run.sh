@@ -122,6 +122,28 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s13b)  # add_rms_norm_q8 with its row in registers (fused.cu, S13-2): pdl and window tests; dense-8b and seed-moe-full decode, new vs .gl/base (HEAD before); first half of the test model to /tmp
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  for p in dense-8b dense-8b seed-moe-full; do for v in new base; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+        | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
+  done; done
+  ;;
+s13c)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and decode, new vs .gl/base
+  tm_joined_tests_decode
+  ;;
+s13a)  # the next launch's weights asked into L2 (prefetch_share, pdl.cuh): mmvq tests; 1 column with and without, at the warps' end (default), at the start (PF_START), 8 MB at most
+  timeout 240 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for c in end start mb8; do
+    e="STRATA_X=1"; [ $c = start ] && e="STRATA_MMVQ_PF_START=1"; [ $c = mb8 ] && e="STRATA_MMVQ_PREFETCH_MB=8"
+    env $e python3 bench/bench_mmvq.py --types Q2_0,IQ4_NL,IQ3_S,Q4_K --cols 1 --prefetch 2>&1 | grep -E "^ *(Q|I)|rror|copy" | sed "s/^/[$c] /"
+  done | tee $OUT/mmvq.log
+  python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,Q2_0 --cols 1 --prefetch 2>&1 | grep -E "^ *(Q|I)|rror|copy" | sed "s/^/[big] /" | tee -a $OUT/mmvq.log
+  ;;
 s12m)  # IQ3_S, more of the integer pipe's work on the multiply-add pipe: dp2a addresses (d), + scale 1 + 2s by an fma (s), + right shifts by mul.hi (m): tests with all; MMVQ, twice (s and m, and the knobs, dropped after the run: S12-14)
   STRATA_MMVQ_IQ3S_DP2A=1 STRATA_MMVQ_IQ3S_SCALE_FMA=1 STRATA_MMVQ_IQ3S_MULHI=1 timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py \
       -k "IQ3_S or wide" > $OUT/tests.log 2>&1
@@ -435,7 +457,10 @@ s10e)  # Q4_K raw nibbles (high nibbles in place, scale / 16) on top of S10-1: M
 s10f)  # big packs: decode new vs base (B=1, 4); first half of the test model
   cp .models/tm.part1 /tmp/tm.part1
   synth_big
-  big_decode "new base new base"
+  for p in dense-8b dense-8b seed-moe-full; do for v in new base; do
+    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+        | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
+  done; done
   ;;
 s10g)  # the test model joined: GPU tests with it; its decode new vs base
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf

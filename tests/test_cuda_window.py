@@ -52,7 +52,9 @@ def same(a, b) -> bool:
     return np.array_equal(cp.asnumpy(a), cp.asnumpy(b))
 
 
-@pytest.mark.parametrize("rows,n", [(1, 576), (3, 2048), (2, 4096)])
+# 6176 values: 7 per thread of 1024, the last only in warp 0; 16384: the most a block holds in
+# registers (fused.ADD_NORM_MAX_N), 16 per thread
+@pytest.mark.parametrize("rows,n", [(1, 576), (3, 2048), (2, 4096), (2, 6176), (1, 16384)])
 @pytest.mark.parametrize("add", [False, True])
 def test_add_rms_norm_q8_bit_exact(rows, n, add):
     rng = rng_of(f"arn{rows}{n}{add}")
@@ -69,6 +71,21 @@ def test_add_rms_norm_q8_bit_exact(rows, n, add):
     assert rel(h, xh / np.sqrt((xh * xh).mean(-1, keepdims=True) + 1e-5) * wh) < 1e-6
     ref = mmvq.quantize_q8_1(h)
     assert q8 is not None and same(q8.q, ref.q) and same(q8.meta, ref.meta) and same(q8.s, ref.s)
+
+
+def test_add_rms_norm_past_the_register_rows_takes_the_generic_path():
+    """Rows longer than the kernel holds in registers: the kernel wrapper declines (None) and
+    the backend computes the generic add + norm (no Q8_1 memo)."""
+    n = FUSED._fk.ADD_NORM_MAX_N + 32
+    rng = rng_of("arn-long")
+    x = cp.asarray(rng.standard_normal((1, n)).astype(np.float32))
+    y = cp.asarray(rng.standard_normal((1, n)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    assert FUSED._fk.add_rms_norm_q8(x, y, w, 1e-5) is None
+    xo, h = FUSED.add_rms_norm(x, y, w, 1e-5)
+    xr, hr = GENERIC.add_rms_norm(x, y, w, 1e-5)
+    # (the backend's generic add + norm runs its fused rms_norm kernel: another summation order)
+    assert same(xo, xr) and rel(h, hr) < 1e-6 and FUSED._memo(h) is None
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1536), (5, 64)])

@@ -529,7 +529,10 @@ class CudaBackend(Backend):
         x = cp.ascontiguousarray(x)
         y = cp.ascontiguousarray(y, dtype=cp.float32) if y is not None else None
         q8 = self._mmvq.empty_q8(x.shape[0], n) if n % self._mmvq.QK == 0 else None
-        x, h = self._fk.add_rms_norm_q8(x, y, weight, eps, q8)
+        r = self._fk.add_rms_norm_q8(x, y, weight, eps, q8)
+        if r is None:
+            return super().add_rms_norm(x, y, weight, eps)
+        x, h = r
         self._q8_memo = (h, q8) if q8 is not None else None
         return x, h
 

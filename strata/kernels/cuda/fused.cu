@@ -244,40 +244,52 @@ __device__ __forceinline__ void quant_block32(float v, int blk, i8* q8, int* met
 
 // x_out = x + y (y may be null: no add), h = rms_norm(x_out) * w, and h quantized to Q8_1
 // blocks (q8 may be null; n must then be anything, else a multiple of 32). One block per row,
-// up to one warp per 32-block (latency, not bandwidth, limits a decode row).
-extern "C" __global__ void add_rms_norm_q8(const float* x, const float* y,
-                                           const float* w, float* x_out,
-                                           float* h, int n, float eps, i8* q8,
-                                           int* meta, float* s_out) {
+// up to one warp per 32-block (latency, not bandwidth, limits a decode row). Thread t holds
+// values t, t + blockDim, ... (at most PER: fused.py picks the instance, n <= PER * blockDim)
+// in registers from the loads to the quantization, so the row is read once, every load of it
+// in flight at once; the norm weights (no earlier kernel writes them) are read before the wait,
+// behind the previous kernel. Each value meets the same operations in the same order as when
+// the row was re-read per phase (same bits), and block b's 32 values are warp b % warps' lanes.
+// Registers grow with PER: an instance only as large as the row needs, since a block launched
+// early (PDL) holds its registers while it waits.
+template <int PER>
+__global__ void add_rms_norm_q8(const float* x, const float* y, const float* w, float* x_out, float* h, int n,
+                                float eps, i8* q8, int* meta, float* s_out) {
+    __shared__ float scratch[32];
+    const int t = threadIdx.x, nt = blockDim.x;
+    float wv[PER], v[PER];
+#pragma unroll
+    for (int it = 0; it < PER; ++it) wv[it] = t + it * nt < n ? w[t + it * nt] : 0.f;
     wait_prior_grids();
     allow_dependents();
-    __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     const float* xr = x + row * n;
     const float* yr = y ? y + row * n : nullptr;
+#pragma unroll
+    for (int it = 0; it < PER; ++it) {
+        const int i = t + it * nt;
+        if (i < n) v[it] = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
+    }
     float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
-        if (yr) x_out[row * n + i] = v;
-        ss = fmaf(v, v, ss);
+#pragma unroll
+    for (int it = 0; it < PER; ++it) {
+        const int i = t + it * nt;
+        if (i < n) {
+            if (yr) x_out[row * n + i] = v[it];
+            ss = fmaf(v[it], v[it], ss);
+        }
     }
     ss = block_sum(ss, scratch);
     const float denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)n), eps));
-    if (!q8) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
-            h[row * n + i] = __fmul_rn(__fdiv_rn(v, denom), w[i]);
-        }
-        return;
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int nb = n / 32;
-    for (int b = warp; b < nb; b += nw) {
-        const int i = b * 32 + lane;
-        const float v = yr ? __fadd_rn(xr[i], yr[i]) : xr[i];
-        const float hv = __fmul_rn(__fdiv_rn(v, denom), w[i]);
-        h[row * n + i] = hv;
-        quant_block32(hv, (int)(row * nb + b), q8, meta, s_out);
+#pragma unroll
+    for (int it = 0; it < PER; ++it) {
+        const int i = t + it * nt;
+        if (i < n) {  // uniform per warp when q8 is given (n and blockDim multiples of 32)
+            const float hv = __fmul_rn(__fdiv_rn(v[it], denom), wv[it]);
+            h[row * n + i] = hv;
+            if (q8) quant_block32(hv, (int)(row * nb + (i >> 5)), q8, meta, s_out);
+        }
     }
 }
 

@@ -38,7 +38,8 @@ def _module():
     # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
     # every kernel starts with wait_prior_grids(), then allow_dependents() (pdl.cuh, fused.cu)
     pdl = _SOURCE.with_name("pdl.cuh").read_text()
-    return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",))
+    return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",),
+                           name_expressions=[_add_norm_name(p) for p in ADD_NORM_PER])
 
 
 @functools.cache
@@ -156,19 +157,31 @@ ATT_THREADS = 256  # fused.cu ATT_THREADS
 ROPE_WARPS = 4  # fused.cu ROPE_WARPS
 
 
+ADD_NORM_PER = (1, 2, 4, 8, 16)  # values per thread of the add_rms_norm_q8 instances (fused.cu)
+ADD_NORM_MAX_N = ADD_NORM_PER[-1] * 1024  # at most 1024 threads
+
+
+def _add_norm_name(per: int) -> str:
+    return f"add_rms_norm_q8<{per}>"
+
+
 def add_rms_norm_q8(x, y, w, eps: float, q8=None):
     """(x + y, rms_norm(x + y) * w), and the normed rows quantized into `q8` (an
     mmvq.Q8Buffer of (rows, n)) when given. x, y contiguous float32 (rows, n); y may be None.
-    Returns (x_out, h); x_out is x itself when y is None."""
+    Returns (x_out, h); x_out is x itself when y is None. None for rows longer than
+    ADD_NORM_MAX_N (the kernel holds a row in registers)."""
     cp = _cp()
     n = int(x.shape[-1])
+    if n > ADD_NORM_MAX_N:
+        return None
     rows = x.size // max(n, 1)
     x_out = x if y is None else cp.empty(x.shape, dtype=cp.float32)
     h = cp.empty(x.shape, dtype=cp.float32)
     if rows:
         threads = min(1024, -(-n // 32) * 32)  # a warp per 32 values: short serial chains
         qargs = (q8.q, q8.meta, q8.s) if q8 is not None else (np.uint64(0),) * 3
-        _fn("add_rms_norm_q8")((rows,), (threads,), (
+        per = next(p for p in ADD_NORM_PER if p * threads >= n)
+        _fn(_add_norm_name(per))((rows,), (threads,), (
             x, y if y is not None else np.uint64(0), w, x_out, h, np.int32(n), np.float32(eps)) + qargs)
     return x_out, h
 
