@@ -62,28 +62,34 @@ synth_big() {
 for n in ('dense-8b', 'seed-moe-full'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
 }
 
-# Their decode at B=1 and B=4 (and pp512) for each label in $1.
-big_decode() {
-  for p in dense-8b seed-moe-full; do
-    for v in $1; do
+# Decode at B=1 and B=4 (and pp512) of each pack under /tmp in $1 (a pack may repeat), for each
+# label in $2 in turn.
+decode_pairs() {
+  for p in $1; do
+    for v in $2; do
       python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
           | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
     done
   done
 }
+big_decode() { decode_pairs "dense-8b seed-moe-full" "$1"; }
 
-# The test model joined (/tmp/tm.part1 from the call before): its GPU tests (GPU vs CPU, backend,
-# window), then its decode for "new" and "base".
-tm_joined_tests_decode() {
+# The test model joined (/tmp/tm.part1 from the call before) and its GPU tests (GPU vs CPU,
+# backend, window).
+tm_join_and_test() {
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
   STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared timeout 300 python3 -m pytest -q tests/test_cuda_vs_cpu.py \
       tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  for v in new base; do
+}
+# The test model's decode (all batch sizes, pp512) for each label in $1 in turn.
+tm_decode() {
+  for v in $1; do
     python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
         | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
   done
 }
+tm_joined_tests_decode() { tm_join_and_test; tm_decode "new base"; }
 
 # The MMVQ table (bench_mmvq.py --types $2 --cols $3) for each label in $1.
 mmvq_vs() {
@@ -127,15 +133,23 @@ s13b)  # add_rms_norm_q8 with its row in registers (fused.cu, S13-2): pdl and wi
   timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   synth_big
-  for p in dense-8b dense-8b seed-moe-full; do for v in new base; do
-    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-        | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
-  done; done
+  decode_pairs "dense-8b dense-8b seed-moe-full" "new base"
   ;;
 s13c)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and decode, new vs .gl/base
   tm_joined_tests_decode
   ;;
-s13a)  # the next launch's weights asked into L2 (prefetch_share, pdl.cuh): mmvq tests; 1 column with and without, at the warps' end (default), at the start (PF_START), 8 MB at most
+s13d)  # window and cache tables, cos/sin and the older cache rows (L2) before the PDL wait in rope_kv_write / attention_kv (S13-5): pdl + window tests; dense-8b and seed-moe-full decode, new vs .gl/base2 (HEAD before), interleaved; first half of the test model to /tmp
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  decode_pairs "dense-8b dense-8b dense-8b seed-moe-full seed-moe-full" "new head"
+  ;;
+s13e)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and decode, new vs .gl/base2, twice
+  tm_join_and_test
+  tm_decode "new head new head"
+  ;;
+s13a)  # (its code reverted after the run, S13-1) the next launch's weights asked into L2 (prefetch_share, pdl.cuh): mmvq tests; 1 column with and without, at the warps' end (default), at the start (PF_START), 8 MB at most
   timeout 240 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   for c in end start mb8; do
@@ -421,14 +435,8 @@ s10i)  # 2 or 1 rows per group for matrices of few rows, Q6_K decode-heavy: MMVQ
   big_decode "new head new head"
   ;;
 s10j)  # the test model joined: GPU tests with it; its decode new vs HEAD
-  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
-  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared timeout 300 python3 -m pytest -q tests/test_cuda_vs_cpu.py \
-      tests/test_cuda_backend.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
-  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  for v in new head new head; do
-    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
-        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
-  done
+  tm_join_and_test
+  tm_decode "new head new head"
   for v in new head; do  # groups of 2 at least (1 lost at 1024 rows in s10i)
     for s in "4096 4096" "1024 4096"; do
       set -- $s
@@ -457,10 +465,7 @@ s10e)  # Q4_K raw nibbles (high nibbles in place, scale / 16) on top of S10-1: M
 s10f)  # big packs: decode new vs base (B=1, 4); first half of the test model
   cp .models/tm.part1 /tmp/tm.part1
   synth_big
-  for p in dense-8b dense-8b seed-moe-full; do for v in new base; do
-    python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$p --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
-        | tee -a $OUT/big.log | grep -E "^\| graphs \|" | sed "s/^/[$v] $p /"
-  done; done
+  decode_pairs "dense-8b dense-8b seed-moe-full" "new base"
   ;;
 s10g)  # the test model joined: GPU tests with it; its decode new vs base
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf

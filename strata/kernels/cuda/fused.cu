@@ -7,10 +7,12 @@
 // (no FMA contraction); rms_norm and attention differ only by summation order.
 //
 // Programmatic dependent launch (pdl.cuh, prepended by fused.py; launch.py): in a captured
-// graph these kernels start while the kernel before them runs. Each begins with
-// wait_prior_grids(), before any load, then allow_dependents() (the next kernel may start: a
-// mat-vec fetches its first weight tiles; allowed before the wait, launched-early kernels
-// cascaded and held SM slots, S9-8). So no pointer here is __restrict__ and no load goes
+// graph these kernels start while the kernel before them runs. Each calls wait_prior_grids()
+// before it reads anything an earlier kernel writes, then allow_dependents() (the next kernel
+// may start: a mat-vec fetches its first weight tiles; allowed before the wait, launched-early
+// kernels cascaded and held SM slots, S9-8). What no kernel writes (norm weights, the window and
+// cache tables, cache rows older than the window) a few read before the wait, where its latency
+// hides behind the kernel before (S13-2 to S13-5). No pointer here is __restrict__ and no load goes
 // through the read-only path (__ldg): what an earlier kernel writes is not read-only for the
 // lifetime of a kernel started early, and restrict-qualified loads may be hoisted above the
 // wait (S9-3, S9-4).
@@ -367,27 +369,25 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
                                          int dim, double base, double scale, int neox,
                                          const float* q_norm, const float* k_norm,
                                          float eps) {
-    wait_prior_grids();
-    allow_dependents();
     __shared__ float cs_all[ROPE_WARPS][KV_MAX_PER_LANE * 16], sn_all[ROPE_WARPS][KV_MAX_PER_LANE * 16];
     __shared__ float row_all[ROPE_WARPS][KV_MAX_PER_LANE * 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int hh = blockIdx.y * ROPE_WARPS + warp;
-    if (hh >= n_head + 2 * n_kv) return;
-    // every load this warp needs goes out first (the row, and for k / v the cache table), so
-    // their latency overlaps the float64 cos/sin below instead of following it
-    const bool is_q = hh < n_head, is_k = !is_q && hh < n_head + n_kv;
+    const bool is_q = hh < n_head, is_k = !is_q && hh < n_head + n_kv, live = hh < n_head + 2 * n_kv;
     const int h = is_q ? hh : is_k ? hh - n_head : hh - n_head - n_kv;
-    const float* x = is_q ? q + t * q_ts + h * q_hs : is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
-    float raw[KV_MAX_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < KV_MAX_PER_LANE; ++j) raw[j] = lane + 32 * j < d ? x[lane + 32 * j] : 0.f;
+    // Before the wait, what no kernel writes: the window table and the cache table (host-written
+    // for the whole graph), and the float64 cos/sin of the position. Under PDL they are ready when
+    // the q/k/v rows (the projection's output, read after the wait) arrive.
     const long long pos = win[t];
-    const long long* tab = is_q ? nullptr : (const long long*)win[2 * n + 3 * win[n + t] + 2];
+    const long long* tab = is_q || !live ? nullptr : (const long long*)win[2 * n + 3 * win[n + t] + 2];
+    const long long cap = tab ? tab[0] : 0;
+    const int which = is_k ? 0 : 1;
+    void* dst_base = tab ? (void*)tab[1 + 4 * layer + which] : nullptr;
+    float* dst_scale = tab && int8_cache ? (float*)tab[1 + 4 * layer + 2 + which] : nullptr;
     float* cs = cs_all[warp];
     float* sn = sn_all[warp];
-    if (is_q || is_k) {  // q and k rows rotate
+    if (live && (is_q || is_k)) {  // q and k rows rotate
         for (int i = lane; i < dim / 2; i += 32) {
             const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
             const double ang = ((double)pos / scale) * inv;
@@ -395,6 +395,13 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
             sn[i] = (float)sin(ang);
         }
     }
+    wait_prior_grids();
+    allow_dependents();
+    if (!live) return;
+    const float* x = is_q ? q + t * q_ts + h * q_hs : is_k ? k + t * k_ts + h * k_hs : v + t * v_ts + h * v_hs;
+    float raw[KV_MAX_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j) raw[j] = lane + 32 * j < d ? x[lane + 32 * j] : 0.f;
     // the row through shared memory: RoPE pairs elements across lanes
     float* xs = row_all[warp];
     const float* nw = is_q ? q_norm : is_k ? k_norm : nullptr;
@@ -417,7 +424,6 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
         for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
         return;
     }
-    const long long cap = tab[0];
     const size_t at = ((size_t)h * cap + pos) * d;
     float vals[KV_MAX_PER_LANE];
     float amax = 0.f;
@@ -428,9 +434,8 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
         if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : raw[j];
         amax = fmaxf(amax, fabsf(vals[j]));
     }
-    const int which = is_k ? 0 : 1;
     if (!int8_cache) {
-        u16* dst = (u16*)tab[1 + 4 * layer + which] + at;
+        u16* dst = (u16*)dst_base + at;
 #pragma unroll
         for (int j = 0; j < KV_MAX_PER_LANE; ++j)
             if (lane + 32 * j < d) dst[lane + 32 * j] = f2h_rn(vals[j]);
@@ -438,11 +443,11 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     }
     amax = warp_max(amax);
     const float sc = amax > 0.f ? __fdiv_rn(amax, 127.0f) : 1.0f;
-    i8* dst = (i8*)tab[1 + 4 * layer + which] + at;
+    i8* dst = (i8*)dst_base + at;
 #pragma unroll
     for (int j = 0; j < KV_MAX_PER_LANE; ++j)
         if (lane + 32 * j < d) dst[lane + 32 * j] = (i8)fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(vals[j], sc))));
-    if (lane == 0) ((float*)tab[1 + 4 * layer + 2 + which])[(size_t)h * cap + pos] = sc;
+    if (lane == 0) dst_scale[(size_t)h * cap + pos] = sc;
 }
 
 #define ATT_CHUNK 256  // keys per chunk: one thread block scores a chunk, one key per thread
@@ -510,8 +515,13 @@ __device__ __forceinline__ void attention_kv_impl(const float* q, const long lon
     const int G = GMAX == 1 ? 1 : hpb;
     const int h0 = blockIdx.x * G, t = blockIdx.y, z = blockIdx.z, splits = gridDim.z;
     const int kvh = h0 / (n_head / n_kv);
-    const long long pos = win[t];
-    const long long* tab = (const long long*)win[2 * n + 3 * win[n + t] + 2];
+    // Before the wait, what no kernel of this graph writes: the window and cache tables, and
+    // the cache rows older than this window's first (written by earlier windows), asked into L2
+    // so the loads after the wait do not go to HBM (a token's weights stream through L2 between
+    // two visits of a layer's cache). The rows this window writes come from the kernel before.
+    const long long span = win[n + t];
+    const long long pos = win[t], first = win[2 * n + 3 * span];
+    const long long* tab = (const long long*)win[2 * n + 3 * span + 2];
     const long long cap = tab[0];
     const void* K = (const void*)tab[1 + 4 * layer + 0];
     const void* V = (const void*)tab[1 + 4 * layer + 1];
@@ -519,6 +529,20 @@ __device__ __forceinline__ void attention_kv_impl(const float* q, const long lon
     const float* VS = (const float*)tab[1 + 4 * layer + 3];
     const size_t row0 = (size_t)kvh * cap;
     const long long L = pos + 1;
+    {
+        const int esize = INT8 ? 1 : 2;
+        for (long long j0 = (long long)z * ATT_CHUNK; j0 < min(L, first); j0 += (long long)splits * ATT_CHUNK) {
+            const long long nk = min((long long)ATT_CHUNK, min(L, first) - j0);
+            prefetch_l2_block((const char*)K + (row0 + j0) * d * esize, (unsigned long long)nk * d * esize);
+            prefetch_l2_block((const char*)V + (row0 + j0) * d * esize, (unsigned long long)nk * d * esize);
+            if (INT8) {
+                prefetch_l2_block(KS + row0 + j0, (unsigned long long)nk * 4);
+                prefetch_l2_block(VS + row0 + j0, (unsigned long long)nk * 4);
+            }
+        }
+    }
+    wait_prior_grids();
+    allow_dependents();
     const size_t o0 = ((size_t)t * n_head + h0) * d;  // head h0 + g's output starts at o0 + g * d
 #pragma unroll
     for (int g = 0; g < GMAX; ++g)
@@ -693,7 +717,7 @@ __device__ __forceinline__ void attention_kv_impl(const float* q, const long lon
         NAME(const float* q, const long long* win, int n, int n_head, int n_kv, \
              int d, int layer, float scale, float* out, float* partials,      \
              int* counters, i8* q8, int* meta,                     \
-             float* s_out, int hpb) { wait_prior_grids(); allow_dependents();                                                         \
+             float* s_out, int hpb) {                                                           \
         attention_kv_impl<INT8, GMAX>(q, win, n, n_head, n_kv, d, layer, scale, out, partials, counters, \
                                       q8, meta, s_out, hpb);                                             \
     }
