@@ -138,6 +138,12 @@ s13b)  # add_rms_norm_q8 with its row in registers (fused.cu, S13-2): pdl and wi
 s13c)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and decode, new vs .gl/base
   tm_joined_tests_decode
   ;;
+s13f)  # mmvf (the MoE router's float mat-vec) launched with PDL, its row asked into L2 before the wait, x through weak loads (S13-6): float mmvq, pdl and window tests; seed-moe-full decode new vs .gl/base2, three pairs
+  timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py tests/test_cuda_mmvq.py -k "F32 or F16 or BF16 or float or pdl or window or moe or route" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  decode_pairs "seed-moe-full seed-moe-full seed-moe-full" "new head"
+  ;;
 s13d)  # window and cache tables, cos/sin and the older cache rows (L2) before the PDL wait in rope_kv_write / attention_kv (S13-5): pdl + window tests; dense-8b and seed-moe-full decode, new vs .gl/base2 (HEAD before), interleaved; first half of the test model to /tmp
   cp .models/tm.part1 /tmp/tm.part1
   timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1

@@ -493,7 +493,7 @@ def mmvq(type_id: int, w_dev, rows: int, k: int, x_dev, out=None, q8: Q8Buffer |
     if t.id in FLOAT_TYPES:  # a group of columns per grid row, as the quantized kernels
         vec = np.int32(row_bytes % 16 == 0 and (k * t.type_size) % 16 == 0)
         for c0, nc, groups in _column_groups(ncols):
-            _function(t.id, f"mmvf<{t.id}, {nc}>")(((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
+            launch(_function(t.id, f"mmvf<{t.id}, {nc}>"), ((rows + WARPS - 1) // WARPS, groups), (WARPS * 32,), (
                 w, np.int32(rows), np.int32(row_bytes), np.int32(k), act[c0:], out[c0:], vec))
         return out
     for ln in column_launches(t.id, rows, ncols, split, rows_aligned(w, row_bytes), k):
@@ -533,7 +533,7 @@ def mmvq_experts(type_id: int, w_dev, expert_ids_dev, x_dev, out=None, q8: Q8Buf
               np.int32(rows), np.int32(row_bytes), np.int32(k))
     if t.id in FLOAT_TYPES:
         vec = np.int32(row_bytes % 16 == 0)
-        _function(t.id, f"mmvf_ids<{t.id}>")(grid, (WARPS * 32,), common + (x, out, vec))
+        launch(_function(t.id, f"mmvf_ids<{t.id}>"), grid, (WARPS * 32,), common + (x, out, vec))
     else:
         act = q8 if q8 is not None else quantize_q8_1(x)
         name = _ids_name(t.id, rows_aligned(w, row_bytes))

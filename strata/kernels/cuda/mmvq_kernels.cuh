@@ -665,7 +665,8 @@ template <> struct FloatOf<30> {
 };
 
 template <int ID, int NC>
-__device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k, const float* __restrict__ x,
+// x (the kernel before's output) goes through weak loads, never the read-only path (pdl.cuh).
+__device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k, const float* x,
                                               float (&acc)[NC], bool vec) {
     typedef FloatOf<ID> F;
     const int lane = threadIdx.x & 31;
@@ -679,10 +680,12 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
             F::unpack(__ldg((const uint4*)row + v), f);
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
-                const float4* xp = (const float4*)(x + (size_t)j * k + (size_t)v * F::PER16);
+                const int4* xp = (const int4*)(x + (size_t)j * k + (size_t)v * F::PER16);
 #pragma unroll
                 for (int u = 0; u < F::PER16 / 4; ++u) {
-                    const float4 xv = __ldg(xp + u);
+                    const int4 xi = ld_global(xp + u);
+                    const float4 xv = make_float4(__int_as_float(xi.x), __int_as_float(xi.y), __int_as_float(xi.z),
+                                                  __int_as_float(xi.w));
                     // rounding spelled out, as in chunk_acc: the same bits for 1..8 columns
                     const float d = __fmaf_rn(f[4 * u + 3], xv.w, __fmaf_rn(f[4 * u + 2], xv.z,
                                               __fmaf_rn(f[4 * u + 1], xv.y, __fmul_rn(f[4 * u], xv.x))));
@@ -695,7 +698,7 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
         for (int i = lane; i < k; i += 32) {
             const float wv = F::get(row, i);
 #pragma unroll
-            for (int j = 0; j < NC; ++j) acc[j] = __fmaf_rn(wv, x[(size_t)j * k + i], acc[j]);
+            for (int j = 0; j < NC; ++j) acc[j] = __fmaf_rn(wv, __int_as_float(ld_global((const int*)x + (size_t)j * k + i)), acc[j]);
         }
     }
 }
@@ -703,10 +706,15 @@ __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k,
 // blockIdx.y picks a group of NC columns, as in mmvq: a wide window is one launch.
 template <int ID, int NC>
 __global__ void __launch_bounds__(WARPS * 32) mmvf(const u8* __restrict__ w, int rows, int row_bytes, int k,
-                                                   const float* __restrict__ x, float* __restrict__ out, int vec) {
+                                                   const float* x, float* __restrict__ out, int vec) {
     const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    // launched early (pdl.cuh), the warp's row is on its way to L2 while the kernel before
+    // this one finishes (an MoE router: 1 MB of float weights per layer); x is its output
+    if (r < rows && blockIdx.y == 0) prefetch_l2(w + (size_t)r * row_bytes, (unsigned)row_bytes, threadIdx.x & 31, 32);
+    wait_prior_grids();
+    allow_dependents();
     if (r >= rows) return;
-    x += (size_t)blockIdx.y * NC * k;
+    x = after_wait(x) + (size_t)blockIdx.y * NC * k;
     out += (size_t)blockIdx.y * NC * rows;
     float acc[NC];
 #pragma unroll
@@ -726,8 +734,11 @@ __global__ void __launch_bounds__(WARPS * 32) mmvf_ids(const u8* __restrict__ w,
                                                        float* __restrict__ out, int vec) {
     const int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int p = blockIdx.y;
+    wait_prior_grids();  // the ids are the routing kernel's output, x the kernel before's
+    allow_dependents();
     if (r >= rows) return;
-    const int e = ids[p];
+    x = after_wait(x);
+    const int e = ld_global(after_wait(ids) + p);
     if (e < 0 || e >= n_expert) {
         if ((threadIdx.x & 31) == 0) out[(size_t)p * rows + r] = __int_as_float(0x7fc00000);
         return;

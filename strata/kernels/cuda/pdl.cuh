@@ -45,15 +45,16 @@ __device__ __forceinline__ int ld_global(const int* p) {
     asm("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
-// Asks L2 for [p, p + bytes) without waiting, the whole block together (a hint: nothing is
-// read into registers). For data no earlier kernel of the stream writes (an attention's older
-// cache rows), issued before wait_prior_grids(): the loads after the wait then find it in L2
-// instead of HBM. L2 only, never L1: L2 is coherent, so a line that also holds bytes an earlier
-// kernel writes (rows not aligned to lines) is never read stale.
-__device__ __forceinline__ void prefetch_l2_block(const void* p, unsigned long long bytes) {
+// Asks L2 for [p, p + bytes) without waiting (a hint: nothing is read into registers); thread
+// i of the n that share the range (a warp, a block) takes its part. For data no earlier kernel
+// of the stream writes (weights, an attention's older cache rows), issued before
+// wait_prior_grids(): the loads after the wait then find it in L2 instead of HBM. L2 only,
+// never L1: L2 is coherent, so a line that also holds bytes an earlier kernel writes (rows not
+// aligned to lines) is never read stale.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned long long bytes, unsigned i, unsigned n) {
     if (bytes == 0) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {  // one bulk request (16-byte aligned start, a multiple of 16 bytes)
+    if (i == 0) {  // one bulk request (16-byte aligned start, a multiple of 16 bytes)
         const unsigned long long a = (unsigned long long)p & ~15ull;
         const unsigned long long e = ((unsigned long long)p + bytes + 15ull) & ~15ull;
         for (unsigned long long o = a; o < e; o += 1ull << 30)
@@ -61,7 +62,9 @@ __device__ __forceinline__ void prefetch_l2_block(const void* p, unsigned long l
     }
 #else
     const unsigned long long a = (unsigned long long)p & ~127ull, e = (unsigned long long)p + bytes;
-    for (unsigned long long o = a + 128ull * threadIdx.x; o < e; o += 128ull * blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
+    for (unsigned long long o = a + 128ull * i; o < e; o += 128ull * n) asm volatile("prefetch.global.L2 [%0];" ::"l"(o));
 #endif
+}
+__device__ __forceinline__ void prefetch_l2_block(const void* p, unsigned long long bytes) {
+    prefetch_l2(p, bytes, threadIdx.x, blockDim.x);
 }
