@@ -138,6 +138,16 @@ s13b)  # add_rms_norm_q8 with its row in registers (fused.cu, S13-2): pdl and wi
 s13c)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and decode, new vs .gl/base
   tm_joined_tests_decode
   ;;
+s13g)  # the final tree: every GPU test that does not need the test model; its first half to /tmp
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 420 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_env_knobs.py tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py \
+      tests/test_cuda_attention_prefill.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s13h)  # the final tree: the test model joined, its GPU tests
+  tm_join_and_test
+  ;;
 s13f)  # mmvf (the MoE router's float mat-vec) launched with PDL, its row asked into L2 before the wait, x through weak loads (S13-6): float mmvq, pdl and window tests; seed-moe-full decode new vs .gl/base2, three pairs
   timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py tests/test_cuda_mmvq.py -k "F32 or F16 or BF16 or float or pdl or window or moe or route" > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

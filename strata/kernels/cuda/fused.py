@@ -36,7 +36,8 @@ def _cp():
 @functools.cache
 def _module():
     # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
-    # every kernel starts with wait_prior_grids(), then allow_dependents() (pdl.cuh, fused.cu)
+    # every kernel waits for the kernels before (wait_prior_grids) before it reads their output,
+    # then lets the next start (allow_dependents): pdl.cuh, fused.cu
     pdl = _SOURCE.with_name("pdl.cuh").read_text()
     return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",),
                            name_expressions=[_add_norm_name(p) for p in ADD_NORM_PER])

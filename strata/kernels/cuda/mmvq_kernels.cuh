@@ -664,8 +664,8 @@ template <> struct FloatOf<30> {
     }
 };
 
-template <int ID, int NC>
 // x (the kernel before's output) goes through weak loads, never the read-only path (pdl.cuh).
+template <int ID, int NC>
 __device__ __forceinline__ void float_row_dot(const u8* __restrict__ row, int k, const float* x,
                                               float (&acc)[NC], bool vec) {
     typedef FloatOf<ID> F;
