@@ -6,7 +6,9 @@ each stream 1-30 MB of weights, the HBM idles through every such ramp and tail. 
 launched with PDL may start as soon as every block of the kernel before it has called
 allow_dependents() (pdl.cuh): Strata's MMVQ kernels then issue their first weight copies (the
 weights are constant) and wait in wait_prior_grids() for the previous kernel's output; the
-activation quantizer and the fused kernels (fused.cu) wait first, then allow their successor.
+float mat-vec asks L2 for its rows, the add + norm kernel reads its norm weights, RoPE and
+attention read the window and cache tables (attention also asks L2 for the older cache rows)
+before they wait; the rest wait first. Each then allows its successor.
 
 CuPy launches kernels without launch attributes, so this goes through the driver's
 cuLaunchKernelEx by ctypes. It is used only while a CUDA graph is being captured (decode
