@@ -138,6 +138,13 @@ s13b)  # add_rms_norm_q8 with its row in registers (fused.cu, S13-2): pdl and wi
 s13c)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and decode, new vs .gl/base
   tm_joined_tests_decode
   ;;
+s13i)  # (its code reverted after the run, S13-9) moe_route asks L2 for the chosen experts' gate, up and down weights (S13-9): window + pdl tests; seed-moe-full decode new vs .gl/base2, two pairs
+  timeout 150 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  decode_pairs "seed-moe-full seed-moe-full" "new head"
+  ;;
 s13g)  # the final tree: every GPU test that does not need the test model; its first half to /tmp
   cp .models/tm.part1 /tmp/tm.part1
   timeout 420 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
