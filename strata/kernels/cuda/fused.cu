@@ -530,8 +530,11 @@ __device__ __forceinline__ void attention_kv_impl(const float* q, const long lon
     const size_t row0 = (size_t)kvh * cap;
     const long long L = pos + 1;
     {
+        // only the block's first chunk: up to 16k keys a block has one (splits_for), and large
+        // bulk requests from one SM lost elsewhere (S13-9); longer caches were not measured
         const int esize = INT8 ? 1 : 2;
-        for (long long j0 = (long long)z * ATT_CHUNK; j0 < min(L, first); j0 += (long long)splits * ATT_CHUNK) {
+        const long long j0 = (long long)z * ATT_CHUNK;
+        if (j0 < min(L, first)) {
             const long long nk = min((long long)ATT_CHUNK, min(L, first) - j0);
             prefetch_l2_block((const char*)K + (row0 + j0) * d * esize, (unsigned long long)nk * d * esize);
             prefetch_l2_block((const char*)V + (row0 + j0) * d * esize, (unsigned long long)nk * d * esize);
