@@ -10,8 +10,9 @@ Python launch overhead out; on sm_90+ the launches are programmatic dependent on
 fetching its first weights while the one before it ends, as in decode windows, unless
 STRATA_CUDA_PDL=0). Bandwidth = weight bytes / time per launch. The copy reference
 moves a 1 GiB buffer (bytes read + bytes written over time, median of 20). The "read" column:
-a kernel that only reads each type's weight bytes, timed the same way (the ceiling a launch
-of that size reaches). Prints a table.
+a kernel that only reads each type's weight bytes, launched plainly and timed the same way (what
+a plain launch of that size reaches; under PDL more is reachable: bench_launch_ceiling.py).
+Prints a table.
 """
 
 from __future__ import annotations
@@ -102,10 +103,11 @@ def time_type(type_id: int, rows: int, k: int, col_counts, rng) -> dict[int, flo
     return result
 
 
-# The most a kernel launch that only reads `nbytes` achieves here: every thread streams 16-byte
-# loads and folds them into a value that is (almost) never written. Launched and timed like the
-# MMVQ kernels (graphs of LAUNCHES, rotating over buffers past the L2), it shows what the
-# launch's ramp and tail leave of the copy bandwidth at that size.
+# What a plain launch that only reads `nbytes` achieves here: every thread streams 16-byte loads
+# and folds them into a value that is (almost) never written. Timed like the MMVQ kernels
+# (graphs of LAUNCHES, rotating over buffers past the L2), but launched plainly, so each launch
+# pays its ramp and tail; under PDL, as the MMVQ kernels run, a launch of 14336 x 4096's size
+# reaches the copy rate (bench_launch_ceiling.py, S14-2).
 _READ_SOURCE = r"""
 extern "C" __global__ void read_only(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) {
     unsigned acc = 0;
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
     print(f"device: {dev['name'].decode()}  copy (read+write): {copy_gbs:.0f} GB/s  "
           f"PDL in the graphs: {'on' if pdl.enabled() else 'off'} ({pdl.PDL_ENV})")
     print(f"W {args.rows} x {args.k}; time per launch (us) and weight GB/s; % = of copy bandwidth; "
-          "read = a kernel that only reads the same bytes, us and % of copy (the ceiling at that size)")
+          "read = a kernel that only reads the same bytes, launched plainly, us and % of copy")
     hdr = f"{'type':8s} {'MB':>7s} | read us    % " + "".join(f" | {c}col us   GB/s    %" for c in col_counts)
     print(hdr)
     print("-" * len(hdr))

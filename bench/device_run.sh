@@ -172,6 +172,51 @@ s13e)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and 
   tm_join_and_test
   tm_decode "new head new head"
   ;;
+s14d)  # the committed probe (helpers from bench_mmvq, one kernel body for plain / pdl_pre / pdl_post and one for the tiles rows) beside the Q2_0, IQ4_NL and Q4_K MMVQ at 14336 x 4096, same call (S14-5)
+  timeout 150 python3 bench/bench_launch_ceiling.py --mb 16.5,33.0 2>&1 | tee $OUT/ceiling.log
+  python3 bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K --cols 1 2>&1 | grep -E "^ *(Q|I)|rror|copy" | tee $OUT/mmvq.log
+  ;;
+s14c)  # (the FULL_TILES code and knob reverted after the run, S14-3) full tiles without the per-chunk guard (FULL_TILES: 1 mmvq_wide, 2 every kernel; S14-3): mmvq tests with 2; MMVQ twice; the ceiling probe with no wait and with halves (S14-4)
+  STRATA_MMVQ_FULL_TILES=2 timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  timeout 150 python3 bench/bench_launch_ceiling.py --mb 16.5,25.2,33.0 2>&1 | tee $OUT/ceiling.log
+  for r in 1 2; do
+    for ft in 0 1; do
+      STRATA_MMVQ_FULL_TILES=$ft python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[ft$ft big] /"
+    done
+    for ft in 0 2; do
+      STRATA_MMVQ_FULL_TILES=$ft python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types Q2_0,IQ4_NL,Q4_K --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[ft$ft big] /"
+      STRATA_MMVQ_FULL_TILES=$ft python3 bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K,IQ3_S --cols 1,4 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[ft$ft] /"
+    done
+  done | tee $OUT/mmvq.log
+  ;;
+s14b)  # the launch ceiling probe with arithmetic after the wait and the next launch's share asked into L2 (S14-2)
+  timeout 200 python3 bench/bench_launch_ceiling.py --mb 16.5,25.2,33.0,132.1 2>&1 | tee $OUT/ceiling.log
+  # Q2_0 (and Q4_0) through the lean instance at 14336 x 4096: 75 registers keep 24 warps per SM
+  # (3168 of the 3584 warps); the lean one holds 7 blocks (28 warps) and would run one wave
+  for r in 1 2; do for lean in 0 1; do
+    python3 - $lean <<'PY' 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[lean=$lean] /"
+import sys
+sys.path.insert(0, "bench")
+import bench_mmvq
+from strata.kernels.cuda import mmvq
+from strata.kernels.ggml_types import type_by_name
+if sys.argv[1] == "1":
+    mmvq.LEAN_TYPES = mmvq.LEAN_TYPES + (type_by_name("Q2_0").id, type_by_name("Q4_0").id)
+bench_mmvq.main(["--types", "Q2_0,Q4_0", "--cols", "1"])
+PY
+  done; done | tee $OUT/mmvq.log
+  ;;
+s14a)  # (its code and knobs reverted after the run, S14-1) IQ3_S's sign-mask sources held in registers (h) and the first tiles issued before the codebook copy (e) (S14-1): mmvq tests with both; MMVQ under each combination, twice; the launch ceiling with and without PDL
+  timeout 300 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py tests/test_cuda_env_knobs.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  timeout 60 python3 bench/bench_launch_ceiling.py 2>&1 | tee $OUT/ceiling.log
+  for r in 1 2; do for c in h0e0 h1e0 h0e1 h1e1; do
+    e="STRATA_MMVQ_HOLD_SIGN_SOURCES=${c:1:1} STRATA_MMVQ_EARLY_TILES=${c:3:1}"
+    env $e python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c big] /"
+    env $e python3 bench/bench_mmvq.py --types IQ3_S,IQ4_NL,Q2_0,Q4_K --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
 s13a)  # (its code reverted after the run, S13-1) the next launch's weights asked into L2 (prefetch_share, pdl.cuh): mmvq tests; 1 column with and without, at the warps' end (default), at the start (PF_START), 8 MB at most
   timeout 240 python3 -m pytest -q -x tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
