@@ -172,6 +172,35 @@ s13e)  # the test model joined: its GPU tests (GPU vs CPU, backend, window) and 
   tm_join_and_test
   tm_decode "new head new head"
   ;;
+s14g)  # (its code and knob reverted after the run, S14-8) mmvq_wide fills its stages by bulk copies (TMA, cp.async.bulk + an mbarrier per stage; WIDE_BULK, S14-8): wide and IQ3 mmvq tests; IQ3_S and IQ3_XXS at 57344 / 28672 x 8192 and 4096 x 14336, bulk on / off, three times
+  timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py -k "IQ3 or wide or launch" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for r in 1 2 3; do for t in 1 0; do
+    STRATA_MMVQ_WIDE_BULK=$t python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[b$t 57344] /"
+    [ $r = 1 ] && STRATA_MMVQ_WIDE_BULK=$t python3 bench/bench_mmvq.py --rows 28672 --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[b$t 28672] /"
+    [ $r = 1 ] && STRATA_MMVQ_WIDE_BULK=$t python3 bench/bench_mmvq.py --rows 4096 --k 14336 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[b$t 4096x14336] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
+s14f)  # (its code and knob reverted after the run, S14-7) IQ3_S's sign masks from a table in mmvq_wide (WIDE_SIGN_TABLE, S14-7): wide and IQ3 mmvq tests; IQ3_S at 57344 / 28672 x 8192 and 4096 x 14336, table on / off, three times
+  timeout 200 python3 -m pytest -q -x tests/test_cuda_mmvq.py -k "IQ3 or wide or launch" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for r in 1 2 3; do for t in 1 0; do
+    STRATA_MMVQ_WIDE_SIGN_TABLE=$t python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[t$t 57344] /"
+    [ $r = 1 ] && STRATA_MMVQ_WIDE_SIGN_TABLE=$t python3 bench/bench_mmvq.py --rows 28672 --k 8192 --types IQ3_S,IQ3_XXS --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[t$t 28672] /"
+    [ $r = 1 ] && STRATA_MMVQ_WIDE_SIGN_TABLE=$t python3 bench/bench_mmvq.py --rows 4096 --k 14336 --types IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[t$t 4096x14336] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
+s14e)  # Nsight Compute on mmvq_wide IQ3_S at 57344 x 8192: warp states, scheduler, pipes, and stall samples per SASS instruction (S14-6)
+  ncu --clock-control none -k regex:mmvq_wide -c 1 --section WarpStateStats --section SourceCounters --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section InstructionStats --section SpeedOfLight -o /tmp/iq3s \
+      python3 bench/ncu_mmvq.py IQ3_S --rows 57344 --k 8192 > $OUT/ncu_run.txt 2>&1
+  tail -3 $OUT/ncu_run.txt
+  ncu -i /tmp/iq3s.ncu-rep --page details > $OUT/details.txt 2>&1
+  ncu -i /tmp/iq3s.ncu-rep --page source --csv --print-source sass > $OUT/source.csv 2>&1
+  ncu -i /tmp/iq3s.ncu-rep --page raw --csv > $OUT/raw.csv 2>&1
+  grep -iE "stall|eligible|issued|busy|pipe" $OUT/details.txt | head -60
+  wc -c $OUT/*
+  ;;
 s14d)  # the committed probe (helpers from bench_mmvq, one kernel body for plain / pdl_pre / pdl_post and one for the tiles rows) beside the Q2_0, IQ4_NL and Q4_K MMVQ at 14336 x 4096, same call (S14-5)
   timeout 150 python3 bench/bench_launch_ceiling.py --mb 16.5,33.0 2>&1 | tee $OUT/ceiling.log
   python3 bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K --cols 1 2>&1 | grep -E "^ *(Q|I)|rror|copy" | tee $OUT/mmvq.log
