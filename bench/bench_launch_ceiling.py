@@ -23,6 +23,10 @@ them into a value that is (almost) never written:
   wN1, wN2  wN0, and the next launch's share asked into L2 once this warp's bytes have landed
             (1) or after its arithmetic (2)
   wN_nowait wN0 with no wait at all (launches overlap freely: what the dependency costs)
+  r*        (RINGS) each warp streams several pieces through a ring of stages, folding each with
+            RING_WORK rounds: fewer warps per launch, so that the next launch can be resident
+            and fetching while this one computes; "p" padded so that nothing else fits an SM,
+            "post" fetching only after the wait (session 15: both measured; the overlap loses)
 
 Prints a table: us per launch and % of a 1 GiB device-to-device copy (read + write).
 """
@@ -44,6 +48,17 @@ from strata.kernels.cuda import launch as pdl  # noqa: E402
 
 WORKS = (6, 12)  # rounds of arithmetic per word in the tiles_work rows
 VARIANTS = ("0", "1", "2", "_nowait")  # tiles_work kernels (suffixes)
+# tiles_ring rows, name: (bytes per piece, pieces per warp, stages), each folded with RING_WORK
+# rounds: r1 is w6's shape (one piece per warp, all of it before the wait); r2 and r4 give each
+# warp 2 or 4 pieces (a half or a quarter of the warps), through 1 or 2 stages
+RING_WORK = 6
+# ("p": shared memory padded to 32 KB a block, so that 7 blocks, 28 warps, fit an SM: the one-column
+# Q2_0 MMVQ's residency, set there by its registers)
+# ("post": the first pieces issued only after the wait, as a kernel whose early blocks sit idle)
+RINGS = {"r1": (4608, 1, 1, 0, 0), "r2s1": (4608, 2, 1, 0, 0), "r2s2": (2304, 4, 2, 0, 0), "r4s1": (4608, 4, 1, 0, 0),
+         "r4s2": (4608, 4, 2, 0, 0), "r2x2": (2304, 2, 2, 0, 0), "r1p": (4608, 1, 1, 32768, 0),
+         "r2s1p": (4608, 2, 1, 32768, 0), "r2s2p": (2304, 4, 2, 32768, 0), "r4s2p": (4608, 4, 2, 32768, 0),
+         "r1post": (4608, 1, 1, 0, 1), "r1ppost": (4608, 1, 1, 32768, 1)}
 
 _SOURCE = r"""
 typedef unsigned int u32;
@@ -70,6 +85,22 @@ __device__ __forceinline__ void read_body(const uint4* __restrict__ p, unsigned 
 extern "C" __global__ void plain(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) { read_body<0>(p, n16, out); }
 extern "C" __global__ void pdl_pre(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) { read_body<1>(p, n16, out); }
 extern "C" __global__ void pdl_post(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) { read_body<2>(p, n16, out); }
+// A warp's fold of `bytes` bytes of shared memory, 16 per lane at a time, with `work` rounds of
+// 3 integer instructions per word on each (the tiles and ring rows' arithmetic after the wait).
+__device__ __forceinline__ unsigned fold(const u8* buf, unsigned bytes, unsigned lane, int work) {
+    unsigned acc = 0;
+    for (unsigned j = 16 * lane; j < bytes; j += 512) {
+        uint4 v = *(const uint4*)(buf + j);
+        for (int w = 0; w < work; ++w) {
+            v.x = (v.x ^ (v.x >> 7)) * 0x9E3779B1u;
+            v.y = (v.y ^ (v.y >> 7)) * 0x9E3779B1u;
+            v.z = (v.z ^ (v.z >> 7)) * 0x9E3779B1u;
+            v.w = (v.w ^ (v.w >> 7)) * 0x9E3779B1u;
+        }
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    return acc;
+}
 // 4 warps per block; warp w copies bytes [w * share, (w + 1) * share) into its part of shared
 // memory before the wait, then folds them after it, with WORK rounds of 3 integer instructions
 // per word (0 for "tiles"; the order of a mat-vec's decode: Q2_0 takes ~40 instructions per 32
@@ -92,20 +123,51 @@ __device__ __forceinline__ void tiles_work_body(const u8* __restrict__ p, unsign
     __syncwarp();
     const unsigned long long mine_bytes = base < nbytes ? min((unsigned long long)share, nbytes - base) : 0ull;
     if (PF == 1) prefetch_l2(next + base, mine_bytes, lane, 32);
-    unsigned acc = 0;
-    for (unsigned j = 16 * lane; j < share; j += 512) {
-        uint4 v = *(const uint4*)(mine + j);
-        for (int w = 0; w < work; ++w) {
-            v.x = (v.x ^ (v.x >> 7)) * 0x9E3779B1u;
-            v.y = (v.y ^ (v.y >> 7)) * 0x9E3779B1u;
-            v.z = (v.z ^ (v.z >> 7)) * 0x9E3779B1u;
-            v.w = (v.w ^ (v.w >> 7)) * 0x9E3779B1u;
-        }
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
+    const unsigned acc = fold(mine, share, lane, work);
     if (PF == 2) prefetch_l2(next + base, mine_bytes, lane, 32);
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
+// A warp streams `pieces` pieces of `piece` bytes through a ring of `stages` shared-memory
+// stages, the first `stages` issued before the wait (a one-column MMVQ's stream_rows with more
+// than one item per warp), folding each with WORK rounds after the wait. With fewer warps per
+// launch (pieces x piece bytes each), a launch takes a smaller part of each SM, and the next
+// launch's warps can be resident, fetching, while this one's arithmetic runs.
+__device__ __forceinline__ void ring_body(const u8* __restrict__ p, unsigned piece, int pieces, int stages,
+                                          unsigned long long nbytes, unsigned* out, int work, int post) {
+    extern __shared__ __align__(16) u8 sm[];
+    allow_dependents();
+    const unsigned lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const unsigned long long base = ((unsigned long long)blockIdx.x * 4 + wib) * piece * pieces;
+    u8* mine = sm + wib * piece * stages;
+    const u32 sb = (u32)__cvta_generic_to_shared(mine);
+    auto issue = [&](int i) {  // piece i into stage i % stages (an empty group past the end)
+        if (i < pieces) {
+            const unsigned long long g = base + (unsigned long long)i * piece;
+            const u32 s = sb + (u32)(i % stages) * piece;
+            for (unsigned j = 16 * lane; j < piece; j += 512)
+                if (g + j < nbytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + j), "l"(p + g + j));
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    if (!post)
+        for (int i = 0; i < stages; ++i) issue(i);
+    wait_prior_grids();
+    if (post)
+        for (int i = 0; i < stages; ++i) issue(i);
+    unsigned acc = 0;
+    for (int i = 0; i < pieces; ++i) {
+        if (stages == 1) asm volatile("cp.async.wait_group 0;\n" ::);
+        else if (stages == 2) asm volatile("cp.async.wait_group 1;\n" ::);
+        else asm volatile("cp.async.wait_group 2;\n" ::);
+        __syncwarp();
+        acc ^= fold(mine + (i % stages) * piece, piece, lane, work);
+        __syncwarp();
+        issue(i + stages);
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void tiles_ring(const u8* p, unsigned piece, int pieces, int stages, unsigned long long nbytes,
+                                      unsigned* out, int work, int post) { ring_body(p, piece, pieces, stages, nbytes, out, work, post); }
 extern "C" __global__ void tiles(const u8* p, unsigned share, unsigned long long nbytes, unsigned* out) { tiles_work_body<0>(p, share, nbytes, out, 0, nullptr); }
 extern "C" __global__ void tiles_work0(const u8* p, unsigned share, unsigned long long nbytes, unsigned* out, int work, const u8* next) { tiles_work_body<0>(p, share, nbytes, out, work, next); }
 extern "C" __global__ void tiles_work1(const u8* p, unsigned share, unsigned long long nbytes, unsigned* out, int work, const u8* next) { tiles_work_body<1>(p, share, nbytes, out, work, next); }
@@ -152,6 +214,15 @@ def time_variants(mod, nbytes: int, share: int) -> dict[str, float]:
                 lambda i, fn=fn, work=work: pdl.launch(
                     fn, (blocks,), (128,), (bufs[i % nbuf], np.uint32(share), np.uint64(nbytes), out, np.int32(work),
                                             bufs[(i + 1) % nbuf]), shared_mem=4 * share), stream)
+    ring = mod.get_function("tiles_ring")
+    ring.max_dynamic_shared_size_bytes = 48 * 1024
+    for name, (piece, pieces, stages, pad, post) in RINGS.items():
+        nb = -(-nbytes // (4 * piece * pieces))
+        res[name] = graph_seconds(
+            lambda i, piece=piece, pieces=pieces, stages=stages, nb=nb, smem=max(pad, 4 * piece * stages), post=post:
+            pdl.launch(ring, (nb,), (128,), (bufs[i % nbuf], np.uint32(piece), np.int32(pieces), np.int32(stages),
+                                             np.uint64(nbytes), out, np.int32(RING_WORK), np.int32(post)),
+                       shared_mem=smem), stream)
     bufs.clear()  # the graphs are done with them
     cp.get_default_memory_pool().free_all_blocks()
     return res
@@ -166,7 +237,8 @@ def main(argv=None) -> int:
     copy_gbs = copy_bandwidth()
     print(f"copy (read+write) {copy_gbs:.0f} GB/s; PDL {'on' if pdl.enabled() else 'off (the pdl_* rows launch plainly)'}; "
           f"tiles: {a.share} bytes per warp")
-    names = ("plain", "pdl_pre", "pdl_post", "tiles", "tiles24") + tuple(f"w{w}{v}" for w in WORKS for v in VARIANTS)
+    names = (("plain", "pdl_pre", "pdl_post", "tiles", "tiles24") + tuple(f"w{w}{v}" for w in WORKS for v in VARIANTS)
+             + tuple(RINGS))
     print("| MB | " + " | ".join(f"{n} us (%)" for n in names) + " |")
     print("|---:|" + "---:|" * len(names))
     for mb in (float(x) for x in a.mb.split(",")):

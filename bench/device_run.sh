@@ -128,6 +128,86 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s15e)  # (S15-5) the paths a GPU before sm_90 takes (an RTX 4090: no PDL, no mmvq_wide, so no lean instance either), on the H200: every GPU test that needs no test model with STRATA_CUDA_PDL=0 STRATA_MMVQ_WIDE=0; the MMVQ table at 14336 x 4096, 1 and 4 columns, for the report's types on that path
+  STRATA_CUDA_PDL=0 STRATA_MMVQ_WIDE=0 timeout 420 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py \
+      tests/test_cuda_pdl.py tests/test_cuda_window.py tests/test_cuda_prefill.py tests/test_cuda_sample.py tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  STRATA_CUDA_PDL=0 STRATA_MMVQ_WIDE=0 python3 bench/bench_mmvq.py --types Q4_K,IQ3_S,IQ3_XXS,Q2_0,IQ4_NL,Q6_K --cols 1,4 2>&1 | grep -vE "^strata" | sed "s/^/[sm80 path] /" | tee $OUT/mmvq.log
+  ;;
+s15d)  # (S15-4) the final tree: every GPU test that needs no test model (mmvq with the new lean list, launch layout, knobs, pdl, window, prefill, sample, attention); which launches take the lean instance at the shapes of the decode packs; 14336 x 4096 at 1 column for every type, and the four target types twice more
+  timeout 420 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py tests/test_cuda_env_knobs.py tests/test_cuda_pdl.py \
+      tests/test_cuda_window.py tests/test_cuda_prefill.py tests/test_cuda_sample.py tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "
+from strata.kernels.cuda import mmvq as m
+from strata.kernels.ggml_types import type_by_name
+for n in 'Q4_K Q6_K Q4_0 Q8_0 IQ3_S IQ4_NL'.split():
+    t = type_by_name(n).id
+    for rows, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (49152, 4096), (14336, 4096), (2048, 2048), (4608, 2048), (1024, 2048), (2048, 4096)):
+        ls = m.column_launches(t, rows, 1, aligned=True, k=k)
+        if any(l.name.endswith('4, true>') for l in ls): print('lean at', n, rows, k, ls)
+print('lean check done')
+" 2>&1 | tee $OUT/lean_shapes.log
+  ALL=Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M,IQ4_NL,IQ4_XS,TQ1_0,TQ2_0,MXFP4,NVFP4,Q1_0,Q2_0
+  python3 bench/bench_mmvq.py --types $ALL --cols 1 2>&1 | grep -vE "^strata" | sed "s/^/[final] /" | tee $OUT/mmvq.log
+  for r in 1 2; do
+    python3 bench/bench_mmvq.py --types Q4_K,IQ4_NL,IQ3_S,Q2_0 --cols 1 2>&1 | grep -E "^ *(Q|I)|rror|copy" | sed "s/^/[final] /"
+  done | tee -a $OUT/mmvq.log
+  ;;
+s15c)  # (S15-3) lean instances with LEAN_STAGES stages (2, new; 3 = Q4_K's and IQ4_NL's before): the lean test for every quantized type (LEAN_TYPES=all); 14336 x 4096 at 1 column for every type, old / new / all types lean / IN_FLIGHT=1024; the four types of the target twice more; 57344 x 8192 under IN_FLIGHT 1024 / 3072 / 4608
+  ALL=Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M,IQ4_NL,IQ4_XS,TQ1_0,TQ2_0,MXFP4,NVFP4,Q1_0,Q2_0
+  STRATA_MMVQ_LEAN_TYPES=$ALL timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py -k lean > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E  )" $OUT/tests.log | head -40
+  for c in old new all2 if1024; do
+    case $c in
+      old) e="STRATA_MMVQ_LEAN_STAGES=3" ;;
+      all2) e="STRATA_MMVQ_LEAN_TYPES=$ALL" ;;
+      if1024) e="STRATA_MMVQ_IN_FLIGHT=1024" ;;
+      *) e="STRATA_X=1" ;;
+    esac
+    env $e python3 bench/bench_mmvq.py --types $ALL --cols 1 2>&1 | grep -E "^ *(Q|I|T|M|N)|rror" | sed "s/^/[$c] /"
+  done | tee $OUT/mmvq.log
+  for r in 1 2; do for c in old new all2; do
+    case $c in old) e="STRATA_MMVQ_LEAN_STAGES=3" ;; all2) e="STRATA_MMVQ_LEAN_TYPES=$ALL" ;; *) e="STRATA_X=1" ;; esac
+    env $e python3 bench/bench_mmvq.py --types Q4_K,IQ4_NL,IQ3_S,Q2_0 --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c] /"
+  done; done | tee -a $OUT/mmvq.log
+  for f in 1024 3072 4608; do
+    STRATA_MMVQ_IN_FLIGHT=$f python3 bench/bench_mmvq.py --rows 57344 --k 8192 --types Q4_0,Q8_0,Q6_K,Q5_K,Q2_0,IQ4_NL,Q4_K,IQ3_S --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[57344 if$f] /"
+  done | tee $OUT/mmvq57.log
+  ;;
+s15b)  # (S15-2) the probe's ring rows again, with "post" rows (early blocks that fetch nothing before the wait); IQ3_S through the lean instance with 2 stages (STRATA_MMVQ_IN_FLIGHT=1760: 7 blocks per SM, one wave at 14336 rows), the lean test with it; MMVQ at 14336 x 4096, twice
+  python3 bench/bench_launch_ceiling.py --mb 16.5,25.2 2>&1 | tee $OUT/ceiling.log
+  STRATA_MMVQ_LEAN_TYPES=Q4_K,IQ4_NL,IQ3_S STRATA_MMVQ_IN_FLIGHT=1760 python3 -c "
+from strata.kernels.cuda import mmvq as m
+for t in m.LEAN_TYPES:
+    nm = m._mmvq_name(t, 1, True, lean=True); f = m._function(t, nm)
+    print(nm, 'regs', f.num_regs, 'smem', f.shared_size_bytes, 'resident warps', m._resident_warps_of(f), m.column_launches(t, 14336, 1, aligned=True, k=4096))
+" 2>&1 | tee $OUT/regs.log
+  STRATA_MMVQ_LEAN_TYPES=Q4_K,IQ4_NL,IQ3_S STRATA_MMVQ_IN_FLIGHT=1760 timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py -k "lean or IQ3_S" 2>&1 | tail -3
+  for r in 1 2; do for c in def if1760 lean3; do
+    case $c in
+      if1760) e="STRATA_MMVQ_IN_FLIGHT=1760" ;;
+      lean3) e="STRATA_MMVQ_LEAN_TYPES=Q4_K,IQ4_NL,IQ3_S STRATA_MMVQ_IN_FLIGHT=1760" ;;
+      *) e="STRATA_X=1" ;;
+    esac
+    env $e python3 bench/bench_mmvq.py --types IQ3_S,Q4_K,IQ4_NL,Q2_0 --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$c] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
+s15a)  # co-resident launches (S15-1): registers and resident warps per 1-column instance; the launch-ceiling probe with its ring rows; MMVQ at 14336 x 4096, 1 column, rows per warp 4 (default rule) / 8 / 12 / 16, twice
+  python3 -c "
+from strata.kernels.cuda import mmvq as m
+from strata.kernels.ggml_types import type_by_name
+for n in 'Q2_0 IQ4_NL IQ3_S Q4_K Q4_0 Q6_K'.split():
+    t = type_by_name(n).id
+    for nm in (m._mmvq_name(t, 1, True), m._mmvq_name(t, 1, True, lean=True)):
+        f = m._function(t, nm); print(n, nm, 'regs', f.num_regs, 'smem', f.shared_size_bytes, 'resident warps', m._resident_warps_of(f))
+" 2>&1 | tee $OUT/regs.log
+  python3 bench/bench_launch_ceiling.py --mb 16.5,25.2,33.0 2>&1 | tee $OUT/ceiling.log
+  for r in 1 2; do for rpw in def 8 12 16; do
+    if [ $rpw = def ]; then e="STRATA_X=1"; else e="STRATA_MMVQ_ROWS_PER_WARP=$rpw"; fi
+    env $e python3 bench/bench_mmvq.py --types Q2_0,IQ4_NL,IQ3_S,Q4_K,Q4_0,Q6_K --cols 1 2>&1 | grep -E "^ *(Q|I)|rror|copy" | sed "s/^/[rpw $rpw] /"
+  done; done | tee $OUT/mmvq.log
+  ;;
 s13b)  # add_rms_norm_q8 with its row in registers (fused.cu, S13-2): pdl and window tests; dense-8b and seed-moe-full decode, new vs .gl/base (HEAD before); first half of the test model to /tmp
   cp .models/tm.part1 /tmp/tm.part1
   timeout 200 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_window.py > $OUT/tests.log 2>&1

@@ -71,11 +71,33 @@ def test_shipped_draft_agrees_and_is_lossless(draft, plain_outputs):
     assert per[0] >= per[-1]  # later positions are conditional on earlier ones: never easier
 
 
+# Windows of more than CpuBackend.ROWWISE_MAX rows (batch-MTP at 2 slots verifies 2 x 3) go
+# through BLAS GEMM, which rounds unlike the lone rows of plain decoding (~1e-6 relative, and
+# how depends on the BLAS build: docs/BATCHING.md). So on the CPU a greedy output may leave plain
+# decoding's only where plain decoding's own top-2 log-probs tie to within rounding; anything
+# wider is a real loss (a wrong acceptance, a stale cache row). OpenBLAS 0.3.31 parts them at a
+# gap of 0.0014 (the second held-out chat prompt, token 2).
+ROUNDING_TIE = 0.01
+
+
+def _assert_equal_until_a_rounding_tie(model, prompts, got, want):
+    from tests.support.model_fixtures import log_softmax, logits_of
+
+    for prompt, g, w in zip(prompts, got, want):
+        j = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None)
+        if j is None:
+            assert g == w  # same tokens and same length
+            continue
+        lp = np.sort(log_softmax(logits_of(model, prompt + w[:j])[-1]))  # the row that chose w[j]
+        gap = lp[-1] - lp[-2]
+        assert gap < ROUNDING_TIE, f"diverged at token {j} ({g[j]} vs {w[j]}) where plain decoding's top-2 gap is {gap:.4f}"
+
+
 def test_batch_mtp_with_shipped_draft_is_lossless(draft, plain_outputs):
     prompts, want = plain_outputs
     core = load_core(None, str(draft), 2, parallel=2, batch_mtp=True)
     acc = run_prompts(core, prompts, MAX_TOKENS, concurrent=2)
-    assert acc.outputs == want
+    _assert_equal_until_a_rounding_tie(core.model, prompts, acc.outputs, want)
     assert acc.accepted > 0
 
 

@@ -41,9 +41,12 @@ def _cp():
     return cupy
 
 
+OPTIONS = ("-std=c++17",)
+
+
 @functools.cache
 def _module():
-    return _cp().RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
+    return _cp().RawModule(code=_SOURCE.read_text(), options=OPTIONS)
 
 
 @functools.cache

@@ -33,14 +33,22 @@ def _cp():
     return cupy
 
 
+# no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
+OPTIONS = ("-std=c++17",)
+
+
+def module_source() -> tuple[str, list[str]]:
+    """The module's code and its template instances (also compiled for older GPUs by
+    tests/test_cuda_archs.py). Every kernel waits for the kernels before (wait_prior_grids)
+    before it reads their output, then lets the next start (allow_dependents): pdl.cuh, fused.cu."""
+    pdl = _SOURCE.with_name("pdl.cuh").read_text()
+    return pdl + _SOURCE.read_text(), [_add_norm_name(p) for p in ADD_NORM_PER]
+
+
 @functools.cache
 def _module():
-    # no --use_fast_math: IEEE division/exp/sqrt keep the results next to the generic path's
-    # every kernel waits for the kernels before (wait_prior_grids) before it reads their output,
-    # then lets the next start (allow_dependents): pdl.cuh, fused.cu
-    pdl = _SOURCE.with_name("pdl.cuh").read_text()
-    return _cp().RawModule(code=pdl + _SOURCE.read_text(), options=("-std=c++17",),
-                           name_expressions=[_add_norm_name(p) for p in ADD_NORM_PER])
+    code, names = module_source()
+    return _cp().RawModule(code=code, options=OPTIONS, name_expressions=names)
 
 
 @functools.cache

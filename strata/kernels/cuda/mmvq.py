@@ -55,15 +55,21 @@ WIDE_TYPES = tuple(WIDE_WARPS)
 WIDE_SMEM = int(os.environ.get("STRATA_MMVQ_WIDE_SMEM") or 200 * 1024)
 WIDE_MIN_BYTES = 16 << 20  # few long rows (groups of 2) from here
 WIDE_ANY_BYTES = 64 << 20  # any matrix from here
-# Types with a lean one-column instance (_takes_lean): those it was measured to help (S12-8;
-# Q2_0 already runs one wave, IQ3_S does not fit one wave either way and lost 7%).
-LEAN_TYPES = tuple(BY_NAME[n].id for n in ("Q4_K", "IQ4_NL"))
+# Types whose one column takes the lean instance where _takes_lean's rule applies: those it was
+# measured to help at 14336 x 4096 (S15-3, us, default -> lean, the lean instance with 2 stages):
+# Q4_K 10.6 -> 9.8, IQ4_NL 13.7 -> 12.2, Q5_K 14.0 -> 12.0, MXFP4 14.8 -> 12.3, NVFP4 14.3 ->
+# 12.6, IQ4_XS 14.8 -> 13.1, IQ2_XS 14.5 -> 12.9, IQ2_S 16.8 -> 15.0, IQ1_M 15.1 -> 13.6, IQ1_S
+# 14.0 -> 13.0, IQ3_S 13.3 -> 12.4, Q6_K 16.1 -> 15.4, Q4_0 11.0 -> 10.6. It lost on Q2_0, Q2_K,
+# Q3_K, Q5_0, IQ3_XXS, TQ1_0 and TQ2_0 (2-8%); the other types' lean instances keep no more warps
+# resident than their default ones, so the rule never takes them.
+_LEAN_NAMES = "Q4_0,Q4_K,Q5_K,Q6_K,IQ2_XS,IQ2_S,IQ3_S,IQ1_S,IQ1_M,IQ4_NL,IQ4_XS,MXFP4,NVFP4"
+LEAN_TYPES = tuple(BY_NAME[n].id for n in (os.environ.get("STRATA_MMVQ_LEAN_TYPES") or _LEAN_NAMES).split(","))  # env: benchmarks only
 
 _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
 _KNOBS = {"STRATA_MMVQ_IN_FLIGHT": "IN_FLIGHT", "STRATA_MMVQ_TILE_MAX": "TILE_MAX", "STRATA_MMVQ_CPL_MAX": "CPL_MAX",
           "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS",
-          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW"}
+          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW", "STRATA_MMVQ_LEAN_STAGES": "LEAN_STAGES"}
 _OPTIONS = ("--use_fast_math", "-std=c++17") + tuple(
     f"-D{macro}={int(os.environ[env])}" for env, macro in _KNOBS.items() if os.environ.get(env))
 _lock = threading.Lock()
@@ -354,7 +360,7 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
             group = _group_rows(rows, resident, matrix_bytes)
             if group < RPW:
                 name, rpw = _mmvq_name(type_id, 1, True, group), group
-            elif _takes_lean(type_id, rows, resident):
+            elif not os.environ.get("STRATA_MMVQ_ROWS_PER_WARP") and _takes_lean(type_id, rows, resident):
                 name, rpw = _mmvq_name(type_id, 1, True, lean=True), RPW
         if nc == 1 and k and _takes_wide(type_id, matrix_bytes, group):
             rpw, warps, blocks = _wide_shape(rows, group, WIDE_WARPS[type_id])
@@ -366,12 +372,14 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
 
 def _takes_lean(type_id: int, rows: int, resident: int) -> bool:
     """Whether one column of aligned rows runs the lean instance (mmvq_kernels.cuh, LEAN: smaller
-    tiles, registers held for more resident blocks): for a type of LEAN_TYPES, under PDL (where it
-    was measured: rows in groups of RPW, one warp each), when its row groups need more than one
-    wave of the default instance and fit one of the lean one. On the H200, 14336 rows (S12-8, us,
-    default -> lean): Q4_K 11.0 -> 10.5 (72 -> 75-76% of copy), IQ4_NL 14.6 -> 13.6. Larger
-    matrices run several waves either way, and there the default's larger tiles win (57344 x
-    8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0). resident: the default instance's resident warps."""
+    tiles and 2 stages, registers held for more resident blocks): for a type of LEAN_TYPES, under
+    PDL (where it was measured: rows in groups of RPW, one warp each), when its row groups need
+    more than one wave of the default instance and fit one of the lean one. On the H200, 14336
+    rows (S12-8, us, default -> lean with 3 stages): Q4_K 11.0 -> 10.5 (72 -> 75-76% of copy),
+    IQ4_NL 14.6 -> 13.6; with 2 stages (S15-3) 9.8 (80-81%) and 12.2 (64-65%), and more types
+    gain (LEAN_TYPES). Larger matrices run several waves either way, and there the default's
+    larger tiles win (57344 x 8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0). resident: the
+    default instance's resident warps."""
     if type_id not in LEAN_TYPES or not pdl.enabled():
         return False
     warps = -(-rows // RPW)

@@ -26,9 +26,13 @@
 #ifndef CPL_MAX
 #define CPL_MAX 2
 #endif
-// R: rows a warp works on together; CMAX: the most chunks per lane per row tile (1 in the lean
-// instances: smaller stages, more blocks per SM)
-template <class T, int R = RPW, int CMAX = CPL_MAX> struct Geometry {
+// R: rows a warp works on together. LEAN: the lean instances' geometry (one chunk per lane per
+// row tile and LEAN_STAGES stages: small stages, more blocks per SM; mmvq below).
+#ifndef LEAN_STAGES
+#define LEAN_STAGES 2
+#endif
+template <class T, int R = RPW, bool LEAN = false> struct Geometry {
+    static constexpr int CMAX = LEAN ? 1 : CPL_MAX;  // the most chunks per lane per row tile
     static constexpr int CPB = T::BS / 32;  // chunks per block
     static constexpr int ROUND = (32 / CPB) * T::TS;  // bytes of 32 chunks
     // chunks per lane per row per item: 2 or 4 where a round is small, to spread the per-item
@@ -38,7 +42,7 @@ template <class T, int R = RPW, int CMAX = CPL_MAX> struct Geometry {
     static constexpr int TBUF = (TB * T::TS + 16 + 15) / 16 * 16;  // + alignment slack
     static constexpr int ITEM = R * TB * T::TS;
     static constexpr int S0 = 1 + (IN_FLIGHT + ITEM - 1) / ITEM;
-    static constexpr int STAGES = S0 < 2 ? 2 : S0 > 8 ? 8 : S0;
+    static constexpr int STAGES = LEAN ? LEAN_STAGES : S0 < 2 ? 2 : S0 > 8 ? 8 : S0;
     static constexpr int WARP_SMEM = STAGES * R * TBUF;
     static constexpr int MAXP = (TB * T::TS + 15) / 16 + 1;  // 16-byte pieces per row tile
     static_assert(WARPS * WARP_SMEM <= 46 * 1024, "MMVQ tiles past the 48 KB of static shared memory");
@@ -240,12 +244,12 @@ __device__ __forceinline__ void load_table(u32* tab) {
 // incrementally (row pointers set once per row group, advanced a tile at a time; stage
 // indices counted, not divided): S6's per-item recomputation cost ~12 instructions per chunk
 // and row on Q2_0 (SASS, S8-2).
-template <class T, int NC, bool A16 = false, int R = RPW, bool WIDE = false, int CMAX = CPL_MAX>
+template <class T, int NC, bool A16 = false, int R = RPW, bool WIDE = false, bool LEAN = false>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
                                             float* __restrict__ out, size_t out_col_stride, u8* sbuf,
                                             const u32* tab, int written = NC) {
-    typedef Geometry<T, R, CMAX> G;
+    typedef Geometry<T, R, LEAN> G;
     constexpr int CPB = G::CPB, TB = G::TB, S = G::STAGES;
     constexpr int TILE = TB * T::TS;  // bytes of a full tile of one row
     constexpr int NJ = (G::MAXP + 31) / 32;
@@ -445,11 +449,14 @@ template <int ID, int NC> struct MinBlocks {
     static constexpr int N = NC >= 4 && !(NC >= 5 && TypeOf<ID>::TAB_WORDS > 1) ? WIDE_MIN_BLOCKS
                              : NC == 1 ? NARROW_MIN_BLOCKS : 1;
 };
-// LEAN (one column; mmvq.py, _takes_lean): one chunk per lane per row tile and the registers held
-// for LEAN_MIN_BLOCKS blocks per SM. Q4_K then keeps 7 blocks (28 warps) resident per SM instead
-// of 5 (its registers and 38 KB of tiles per block), and 14336 rows in groups of 4 (3584 warps)
-// run in one wave instead of 1.36: 11.0 -> 10.5 us, IQ4_NL 14.6 -> 13.6 (S12-8). On more rows
-// the default's larger tiles win (57344 x 8192: Q4_K 64.3 -> 65.9).
+// LEAN (one column; mmvq.py, _takes_lean): one chunk per lane per row tile, LEAN_STAGES stages
+// (Geometry) and the registers held for LEAN_MIN_BLOCKS blocks per SM. Q4_K then keeps 7 blocks
+// (28 warps) resident per SM instead of 5 (its registers and 38 KB of tiles per block), and 14336
+// rows in groups of 4 (3584 warps) run in one wave instead of 1.36: 11.0 -> 10.5 us, IQ4_NL 14.6
+// -> 13.6 (S12-8). With 2 stages instead of the 3 that IN_FLIGHT gives (19 KB of tiles a block,
+// one item in flight before the PDL wait): 10.6 -> 9.8 us and 13.7 -> 12.2 (S15-2, S15-3), and
+// IQ3_S fits one wave too (31 KB, 64 registers). On more rows the default's larger tiles win
+// (57344 x 8192: Q4_K 64.3 -> 65.9).
 #ifndef LEAN_MIN_BLOCKS
 #define LEAN_MIN_BLOCKS 7
 #endif
@@ -458,14 +465,13 @@ __global__ void __launch_bounds__(WARPS * 32, LEAN ? LEAN_MIN_BLOCKS : MinBlocks
     const u8* __restrict__ w, int rows, int row_bytes, int k, int rows_per_warp, const i8* __restrict__ q8,
     const QMeta* __restrict__ meta, float* __restrict__ out) {
     typedef TypeOf<ID> T;
-    constexpr int CMAX = LEAN ? 1 : CPL_MAX;
-    __shared__ __align__(16) u8 smem[WARPS][Geometry<T, R, CMAX>::WARP_SMEM];
+    __shared__ __align__(16) u8 smem[WARPS][Geometry<T, R, LEAN>::WARP_SMEM];
     __shared__ __align__(16) u32 tab[Banks<T, NC>::WORDS];
     allow_dependents();
     load_table<T, NC>(tab);
     const int2 r = warp_rows(blockIdx.x, rows_per_warp, rows);
     const size_t g = blockIdx.y;
-    stream_rows<T, NC, A16, R, false, CMAX>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
+    stream_rows<T, NC, A16, R, false, LEAN>(w, r.x, r.y, row_bytes, k, q8 + g * NC * k, meta + g * NC * (k / 32), out + g * NC * rows, rows,
                        smem[threadIdx.x >> 5], tab);
 }
 

@@ -27,12 +27,15 @@ def _kernel(name: str = "sample_rows"):
     return _module().get_function(name)
 
 
+_SOURCE = Path(__file__).with_name("sample.cu")
+OPTIONS = ("-std=c++17",)
+
+
 @functools.cache
 def _module():
     import cupy as cp
 
-    src = Path(__file__).with_name("sample.cu").read_text()
-    return cp.RawModule(code=src, options=("-std=c++17",))
+    return cp.RawModule(code=_SOURCE.read_text(), options=OPTIONS)
 
 
 def sample_rows(logits, params: np.ndarray):
