@@ -128,6 +128,14 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s15f)  # (S15-6) the lean instance (2 stages) wherever one column of aligned rows in groups of 4 runs (STRATA_MMVQ_LEAN=1) against the rule, at the decode packs' larger shapes, twice
+  for r in 1 2; do for shape in "28672 4096" "57344 8192" "6144 4096" "49152 4096" "4096 4096"; do set -- $shape
+    for l in rule 1; do
+      if [ $l = rule ]; then e="STRATA_X=1"; else e="STRATA_MMVQ_LEAN=1"; fi
+      env $e python3 bench/bench_mmvq.py --rows $1 --k $2 --types Q4_K,Q6_K,IQ4_NL,Q2_0,Q8_0,Q4_0,Q5_K --cols 1 2>&1 | grep -E "^ *(Q|I)|rror" | sed "s/^/[$1x$2 lean-$l] /"
+    done
+  done; done | tee $OUT/mmvq.log
+  ;;
 s15e)  # (S15-5) the paths a GPU before sm_90 takes (an RTX 4090: no PDL, no mmvq_wide, so no lean instance either), on the H200: every GPU test that needs no test model with STRATA_CUDA_PDL=0 STRATA_MMVQ_WIDE=0; the MMVQ table at 14336 x 4096, 1 and 4 columns, for the report's types on that path
   STRATA_CUDA_PDL=0 STRATA_MMVQ_WIDE=0 timeout 420 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py \
       tests/test_cuda_pdl.py tests/test_cuda_window.py tests/test_cuda_prefill.py tests/test_cuda_sample.py tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1

@@ -380,6 +380,9 @@ def _takes_lean(type_id: int, rows: int, resident: int) -> bool:
     gain (LEAN_TYPES). Larger matrices run several waves either way, and there the default's
     larger tiles win (57344 x 8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0). resident: the
     default instance's resident warps."""
+    forced = os.environ.get("STRATA_MMVQ_LEAN")  # benchmarks only: "1" wherever it can run, "0" never
+    if forced in ("0", "1"):
+        return forced == "1"
     if type_id not in LEAN_TYPES or not pdl.enabled():
         return False
     warps = -(-rows // RPW)
