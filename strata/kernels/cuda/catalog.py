@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata.kernels.ggml_types import type_by_id
+from strata.kernels.ggml_types import BY_NAME, type_by_id
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def _mmvq_modules() -> list[ModuleSource]:
     rare = []
     for t in m.QUANT_TYPES:
         rare += [m._mmvq_name(t, 1, True, lean=True), m._mmvq_name(t, 1, True, 2), f"mmvq_grouped<{t}>"]
-    iq3s, iq3xxs, q4k = (m.BY_NAME[n].id for n in ("IQ3_S", "IQ3_XXS", "Q4_K"))
+    iq3s, iq3xxs, q4k = (BY_NAME[n].id for n in ("IQ3_S", "IQ3_XXS", "Q4_K"))
     for a, b in ((iq3s, iq3xxs), (q4k, q4k)):
         rare += [f"mmvq_ids_pair<{a}, {b}>", f"mmvq_ids_pair<{a}, {b}, true>"]
     out.append(ModuleSource("mmvq (instances compiled apart)", code, opts, tuple(rare)))

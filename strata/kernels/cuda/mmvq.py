@@ -360,7 +360,7 @@ def column_launches(type_id: int, rows: int, ncols: int, split: bool = True,
             group = _group_rows(rows, resident, matrix_bytes)
             if group < RPW:
                 name, rpw = _mmvq_name(type_id, 1, True, group), group
-            elif not os.environ.get("STRATA_MMVQ_ROWS_PER_WARP") and _takes_lean(type_id, rows, resident):
+            elif _takes_lean(type_id, rows, resident):
                 name, rpw = _mmvq_name(type_id, 1, True, lean=True), RPW
         if nc == 1 and k and _takes_wide(type_id, matrix_bytes, group):
             rpw, warps, blocks = _wide_shape(rows, group, WIDE_WARPS[type_id])
@@ -380,8 +380,10 @@ def _takes_lean(type_id: int, rows: int, resident: int) -> bool:
     gain (LEAN_TYPES). Larger matrices run several waves either way, and there the default's
     larger tiles win (57344 x 8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0). resident: the
     default instance's resident warps."""
-    forced = os.environ.get("STRATA_MMVQ_LEAN")  # benchmarks only: "1" wherever it can run, "0" never
-    if forced in ("0", "1"):
+    # benchmarks only: STRATA_MMVQ_LEAN "1" wherever it can run, "0" never; a forced rows-per-warp
+    # count (_rows_per_warp) keeps the default instance, which takes any count
+    forced = os.environ.get("STRATA_MMVQ_LEAN")
+    if forced in ("0", "1") or os.environ.get("STRATA_MMVQ_ROWS_PER_WARP"):
         return forced == "1"
     if type_id not in LEAN_TYPES or not pdl.enabled():
         return False
