@@ -128,6 +128,17 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s15g)  # (S15-7) after the review mend of _takes_lean: the mmvq and launch-layout tests; the rule's launches at 14336 x 4096 with and without the knobs
+  timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  for e in STRATA_X=1 STRATA_MMVQ_LEAN=0 STRATA_MMVQ_LEAN=1 STRATA_MMVQ_ROWS_PER_WARP=8; do
+    env $e python3 -c "
+from strata.kernels.cuda import mmvq as m
+from strata.kernels.ggml_types import type_by_name
+for n in ('Q4_K', 'Q2_0'):
+    print('$e', n, [(l.name, l.rpw) for l in m.column_launches(type_by_name(n).id, 14336, 1, aligned=True, k=4096)])"
+  done
+  ;;
 s15f)  # (S15-6) the lean instance (2 stages) wherever one column of aligned rows in groups of 4 runs (STRATA_MMVQ_LEAN=1) against the rule, at the decode packs' larger shapes, twice
   for r in 1 2; do for shape in "28672 4096" "57344 8192" "6144 4096" "49152 4096" "4096 4096"; do set -- $shape
     for l in rule 1; do
