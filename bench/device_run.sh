@@ -128,6 +128,44 @@ pdl_decode_big() {
 
 T6=Q4_K,IQ3_S,Q2_0,IQ4_NL,Q2_K,Q4_1,Q8_0,Q4_0,Q6_K,Q5_0,Q5_K,IQ3_XXS,MXFP4
 case $stage in
+s16e)  # (S16-5) the final tree (rope's q/k norm weights before the wait only): window and pdl tests
+  timeout 200 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s16d)  # (S16-4) the final tree: rope's q/k norm weights before the wait, attention_kv_pre<d> (older keys into registers before the wait; the fusions dropped): window and pdl tests; chain profiles with STRATA_CUDA_ATT_PRELOAD on / off (seed-moe-full and dense-8b B=1, seed-moe-full B=4); decode new vs .gl/base
+  timeout 200 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  for w in 1 4; do for e in STRATA_X=1 STRATA_CUDA_ATT_PRELOAD=0; do
+    env $e python3 bench/gpu_chain_profile.py --pack /tmp/seed-moe-full --width $w 2>&1 | grep -E "attention|all launches|wall" | sed "s/^/[$e B=$w moe] /"
+  done; done | tee $OUT/chain.log
+  for e in STRATA_X=1 STRATA_CUDA_ATT_PRELOAD=0; do
+    env $e python3 bench/gpu_chain_profile.py --pack /tmp/dense-8b --width 1 2>&1 | grep -E "attention|all launches|wall" | sed "s/^/[$e B=1 dense] /"
+  done | tee -a $OUT/chain.log
+  decode_pairs "seed-moe-full" "new base"
+  ;;
+s16c)  # (S16-3) s16b's router fusion dropped; the experts' sum in the next add + norm now its own instances (MIX: the expert loads at once), rope's q/k norm weights before the wait: window and pdl tests; seed-moe-full chain profile; seed-moe-full decode new vs .gl/base, three pairs; dense-8b one pair
+  timeout 240 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  synth_big
+  python3 bench/gpu_chain_profile.py --pack /tmp/seed-moe-full --width 1 2>&1 | tee $OUT/chain.log | grep -vE "^strata"
+  decode_pairs "seed-moe-full seed-moe-full seed-moe-full dense-8b" "new base"
+  ;;
+s16b)  # (S16-2) the router's routing in its launch, the experts' sum in the next add + norm, rope's q/k norm weights before the wait: window, pdl and mmvq tests; seed-moe-full chain profile; seed-moe-full decode new vs .gl/base (HEAD before), two pairs
+  timeout 330 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  python3 bench/gpu_chain_profile.py --pack /tmp/seed-moe-full --width 1 2>&1 | tee $OUT/chain.log | grep -vE "^strata"
+  decode_pairs "seed-moe-full seed-moe-full" "new base"
+  ;;
+s16a)  # (S16-1) where a decode window's chain time goes: bench/gpu_chain_profile.py (each kernel left out of the PDL graph) on seed-moe-full (B=1, 4) and dense-8b (B=1); decode B=1,4 of both
+  synth_big
+  (python3 bench/gpu_chain_profile.py --pack /tmp/seed-moe-full --width 1
+   python3 bench/gpu_chain_profile.py --pack /tmp/dense-8b --width 1
+   python3 bench/gpu_chain_profile.py --pack /tmp/seed-moe-full --width 4) 2>&1 | tee $OUT/chain.log | grep -vE "^strata"
+  [ "$1" = decode ] && decode_pairs "seed-moe-full dense-8b" "new"
+  ;;
 s15g)  # (S15-7) after the review mend of _takes_lean: the mmvq and launch-layout tests; the rule's launches at 14336 x 4096 with and without the knobs
   timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_launch_layout.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20

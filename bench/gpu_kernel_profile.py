@@ -56,7 +56,7 @@ def install(rec: Recorder) -> None:
     fused._fn = lambda name: rec.wrap(fused_fn(name), name)
     mmvq._function = lambda tid, name: rec.wrap(mmvq_fn(tid, name), name)
     mmvq._quant_kernel = lambda: rec.wrap(quant_fn(), "quantize_q8_1")
-    mmvq._pair_function = lambda a, b: rec.wrap(pair_fn(a, b), f"mmvq_ids_pair<{a}, {b}>")
+    mmvq._pair_function = lambda a, b, aligned=False: rec.wrap(pair_fn(a, b, aligned), f"mmvq_ids_pair<{a}, {b}>")
 
 
 def graph_time(cp, body, repeats: int = 5) -> float:
@@ -79,29 +79,42 @@ def graph_time(cp, body, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
+def window_wall(cp, window, repeats: int) -> float:
+    """Median seconds of window() (the engine's graph replay with its copies), wall."""
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    window()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(repeats):
+        e0.record()
+        window()
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+    return statistics.median(times)
+
+
+def record_window(pack: str, width: int, context: int):
+    """Load the pack on the GPU, give `width` sequences `context` tokens of cache, and record the
+    kernel launches of one eager decode window (one token per sequence). Returns (window, the
+    launches); window() runs that decode window again (graph replay) with the caches unchanged."""
     import cupy as cp
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pack", required=True)
-    ap.add_argument("--width", type=int, default=1, help="sequences in the window, one token each")
-    ap.add_argument("--context", type=int, default=512, help="tokens already in each sequence's cache")
-    a = ap.parse_args()
     rec = Recorder()
     install(rec)
-    core = EngineCore.load(parse_engine_args(["--pack", a.pack, "--device", "cuda"], serving=False), log=lambda s: None)
+    core = EngineCore.load(parse_engine_args(["--pack", pack, "--device", "cuda"], serving=False), log=lambda s: None)
     m = core.model
     rng = np.random.default_rng(1)
     caches = []
-    for _ in range(a.width):
-        c = m.new_cache(a.context + 64, "f16")
-        m.forward(rng.integers(100, m.n_vocab - 100, a.context), [Span(c, 0, a.context)])
+    for _ in range(width):
+        c = m.new_cache(context + 64, "f16")
+        m.forward(rng.integers(100, m.n_vocab - 100, context), [Span(c, 0, context)])
         caches.append(c)
-    toks = rng.integers(100, m.n_vocab - 100, a.width)
+    toks = rng.integers(100, m.n_vocab - 100, width)
 
     def window():
         spans = [Span(c, c.length, 1) for c in caches]
-        h = m.forward(toks, spans, logit_rows=np.arange(a.width))
+        h = m.forward(toks, spans, logit_rows=np.arange(width))
         for c in caches:
             c.length -= 1  # the next window writes the same positions again
         return h
@@ -114,24 +127,25 @@ def main() -> int:
     rec.on = False
     m.b.graphs = saved
     cp.cuda.Device().synchronize()
-    launches = list(rec.launches)
+    return window, list(rec.launches)
+
+
+def main() -> int:
+    import cupy as cp
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pack", required=True)
+    ap.add_argument("--width", type=int, default=1, help="sequences in the window, one token each")
+    ap.add_argument("--context", type=int, default=512, help="tokens already in each sequence's cache")
+    a = ap.parse_args()
+    window, launches = record_window(a.pack, a.width, a.context)
 
     def replay_all():
         for _, fn, grid, block, args, kw in launches:
             fn(grid, block, args, **kw)
 
     whole_kernels = graph_time(cp, replay_all)
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    window()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(10):
-        e0.record()
-        window()
-        e1.record()
-        e1.synchronize()
-        times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-    whole_window = statistics.median(times)
+    whole_window = window_wall(cp, window, 10)
 
     per = collections.defaultdict(list)
     for name, fn, grid, block, args, kw in launches:

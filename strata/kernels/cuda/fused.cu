@@ -311,22 +311,9 @@ extern "C" __global__ void swiglu_q8(const float* g, const float* u,
     quant_block32(v, (int)blk, q8, meta, s_out);
 }
 
-// A head row as RoPE reads it: the row itself, or rms_norm(row) * w (qwen3's per-head q/k norm;
-// rope_kv_write works out denom in rms_norm_f32's order for one warp, so values are
-// rms_norm_f32's bits for head_dim <= 128).
-struct HeadRow {
-    const float* x;
-    const float* w;  // null: no norm
-    float denom;
-    __device__ __forceinline__ float operator[](int e) const {
-        return w ? __fmul_rn(__fdiv_rn(x[e], denom), w[e]) : x[e];
-    }
-};
-
 // Element e of a head row xr after RoPE, with cos/sin of pair i in c[i], s[i]; rope_f32's
 // formula, same bits.
-template <class Row>
-__device__ __forceinline__ float rope_elem(const Row& xr, int e, int dim, int neox, const float* c,
+__device__ __forceinline__ float rope_elem(const float* xr, int e, int dim, int neox, const float* c,
                                            const float* s) {
     if (e >= dim) return xr[e];
     const int half = dim / 2;
@@ -351,7 +338,9 @@ __device__ __forceinline__ float rope_elem(const Row& xr, int e, int dim, int ne
 
 #define ROPE_WARPS 4  // head rows per rope_kv_write block
 
-// (qwen3) q_norm / k_norm: per-head RMSNorm weights applied before RoPE (null: none).
+// (qwen3) q_norm / k_norm: per-head RMSNorm weights applied before RoPE (null: none). The warp
+// works out denom in rms_norm_f32's order and each value as rms_norm_f32 does, x / denom * w,
+// so the normed row has rms_norm_f32's bits for head_dim <= 128.
 // RoPE of q and k, and k, v appended to the caches. Grid (n tokens, ceil(heads / ROPE_WARPS))
 // over the n_head query heads, then the n_kv key heads, then the n_kv value heads; one warp
 // per head row. A warp that rotates works out the dim / 2 cos/sin pairs of its token's
@@ -387,6 +376,12 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     float* dst_scale = tab && int8_cache ? (float*)tab[1 + 4 * layer + 2 + which] : nullptr;
     float* cs = cs_all[warp];
     float* sn = sn_all[warp];
+    // the head's norm weights too (qwen3; constant): after the wait they would be one more
+    // dependent HBM read between the row's arrival and its rotation
+    const float* nw = !live ? nullptr : is_q ? q_norm : is_k ? k_norm : nullptr;
+    float wv[KV_MAX_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < KV_MAX_PER_LANE; ++j) wv[j] = nw && lane + 32 * j < d ? nw[lane + 32 * j] : 0.f;
     if (live && (is_q || is_k)) {  // q and k rows rotate
         for (int i = lane; i < dim / 2; i += 32) {
             const double inv = pow(base, (-(double)i * 2.0) / (double)dim);
@@ -402,23 +397,24 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     float raw[KV_MAX_PER_LANE];
 #pragma unroll
     for (int j = 0; j < KV_MAX_PER_LANE; ++j) raw[j] = lane + 32 * j < d ? x[lane + 32 * j] : 0.f;
-    // the row through shared memory: RoPE pairs elements across lanes
+    // the row (normed: rms_norm(row) * w, each element once) through shared memory: RoPE
+    // pairs elements across lanes
     float* xs = row_all[warp];
-    const float* nw = is_q ? q_norm : is_k ? k_norm : nullptr;
-    float denom = 1.f;
     if (nw) {  // head_denom's order: lane sums its elements, then the warp
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < KV_MAX_PER_LANE; ++j)
             if (lane + 32 * j < d) ss = fmaf(raw[j], raw[j], ss);
         ss = warp_sum(ss);
-        denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
+        const float denom = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)d), eps));
+#pragma unroll
+        for (int j = 0; j < KV_MAX_PER_LANE; ++j) raw[j] = __fmul_rn(__fdiv_rn(raw[j], denom), wv[j]);
     }
 #pragma unroll
     for (int j = 0; j < KV_MAX_PER_LANE; ++j)
         if (lane + 32 * j < d) xs[lane + 32 * j] = raw[j];
     __syncwarp();
-    const HeadRow xr{xs, nw, denom};
+    const float* xr = xs;
     if (is_q) {
         float* o = q_out + ((size_t)t * n_head + h) * d;
         for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
