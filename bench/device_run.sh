@@ -132,7 +132,7 @@ s16e)  # (S16-5) the final tree (rope's q/k norm weights before the wait only): 
   timeout 200 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
-s16d)  # (S16-4) the final tree: rope's q/k norm weights before the wait, attention_kv_pre<d> (older keys into registers before the wait; the fusions dropped): window and pdl tests; chain profiles with STRATA_CUDA_ATT_PRELOAD on / off (seed-moe-full and dense-8b B=1, seed-moe-full B=4); decode new vs .gl/base
+s16d)  # (its attention code dropped after the run, S16-4) (S16-4) rope's q/k norm weights before the wait, attention_kv_pre<d> (older keys into registers before the wait; the fusions dropped): window and pdl tests; chain profiles with STRATA_CUDA_ATT_PRELOAD on / off (seed-moe-full and dense-8b B=1, seed-moe-full B=4); decode new vs .gl/base
   timeout 200 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   synth_big
@@ -144,14 +144,14 @@ s16d)  # (S16-4) the final tree: rope's q/k norm weights before the wait, attent
   done | tee -a $OUT/chain.log
   decode_pairs "seed-moe-full" "new base"
   ;;
-s16c)  # (S16-3) s16b's router fusion dropped; the experts' sum in the next add + norm now its own instances (MIX: the expert loads at once), rope's q/k norm weights before the wait: window and pdl tests; seed-moe-full chain profile; seed-moe-full decode new vs .gl/base, three pairs; dense-8b one pair
+s16c)  # (its combine code dropped after the run, S16-3) (S16-3) s16b's router fusion dropped; the experts' sum in the next add + norm now its own instances (MIX: the expert loads at once), rope's q/k norm weights before the wait: window and pdl tests; seed-moe-full chain profile; seed-moe-full decode new vs .gl/base, three pairs; dense-8b one pair
   timeout 240 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   synth_big
   python3 bench/gpu_chain_profile.py --pack /tmp/seed-moe-full --width 1 2>&1 | tee $OUT/chain.log | grep -vE "^strata"
   decode_pairs "seed-moe-full seed-moe-full seed-moe-full dense-8b" "new base"
   ;;
-s16b)  # (S16-2) the router's routing in its launch, the experts' sum in the next add + norm, rope's q/k norm weights before the wait: window, pdl and mmvq tests; seed-moe-full chain profile; seed-moe-full decode new vs .gl/base (HEAD before), two pairs
+s16b)  # (its router and combine code dropped after the run, S16-2) (S16-2) the router's routing in its launch, the experts' sum in the next add + norm, rope's q/k norm weights before the wait: window, pdl and mmvq tests; seed-moe-full chain profile; seed-moe-full decode new vs .gl/base (HEAD before), two pairs
   timeout 330 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_pdl.py tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
