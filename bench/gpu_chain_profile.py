@@ -24,22 +24,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_kernel_profile import graph_time, record_window, window_wall  # noqa: E402
+from gpu_kernel_profile import graph_time, record_window, relaunch, window_wall  # noqa: E402
 
 
 def chain_time(cp, launches, keep, replays: int) -> float:
     """Median seconds of one replay of the graph of the launches whose index keep() accepts,
-    captured with PDL (strata.kernels.cuda.launch) like the engine's window graphs."""
-    from strata.kernels.cuda import launch
+    captured with PDL like the engine's window graphs."""
 
     def body():
         for i, (_, fn, grid, block, args, kw) in enumerate(launches):
-            if not keep(i):
-                continue
-            if hasattr(fn, "kernel") or hasattr(fn, "ptr"):  # a compiled function (mmvq.py)
-                launch.launch(fn, grid, block, args, **kw)
-            else:  # fused.py's launchers take the PDL path themselves
-                fn(grid, block, args, **kw)
+            if keep(i):
+                relaunch(fn, grid, block, args, kw)
 
     return graph_time(cp, body, replays)
 

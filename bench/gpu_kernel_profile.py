@@ -5,9 +5,11 @@
 Records the kernel launches of one eager window of B tokens (one per sequence, each sequence
 holding N tokens of context), then times each launch alone: a CUDA graph of 20 back-to-back
 copies of it, replayed, timed with events (the per-launch gap inside a graph is counted, as in
-the real window graph). Prints one row per kernel name (calls per window, median us per call,
-us per window, share) and the sum against the whole window replayed as one graph.
-Kernels are found by wrapping the launchers of strata.kernels.cuda.fused and .mmvq.
+the real window graph; every launch with PDL, as the engine captures it: until session 16
+the MMVQ launches here went without). Prints one row per kernel name (calls per window,
+median us per call, us per window, share) and the sum against the whole window replayed as
+one graph. Kernels are found by wrapping the launchers of strata.kernels.cuda.fused and .mmvq.
+bench/gpu_chain_profile.py gives what each kernel costs the chain instead.
 """
 
 from __future__ import annotations
@@ -57,6 +59,18 @@ def install(rec: Recorder) -> None:
     mmvq._function = lambda tid, name: rec.wrap(mmvq_fn(tid, name), name)
     mmvq._quant_kernel = lambda: rec.wrap(quant_fn(), "quantize_q8_1")
     mmvq._pair_function = lambda a, b, aligned=False: rec.wrap(pair_fn(a, b, aligned), f"mmvq_ids_pair<{a}, {b}>")
+
+
+def relaunch(fn, grid, block, args, kw) -> None:
+    """One recorded launch again, as the engine makes it: with PDL while a graph is captured
+    (mmvq.py's compiled functions through strata.kernels.cuda.launch; fused.py's launchers
+    take that path themselves)."""
+    from strata.kernels.cuda import launch
+
+    if hasattr(fn, "kernel") or hasattr(fn, "ptr"):
+        launch.launch(fn, grid, block, args, **kw)
+    else:
+        fn(grid, block, args, **kw)
 
 
 def graph_time(cp, body, repeats: int = 5) -> float:
@@ -142,7 +156,7 @@ def main() -> int:
 
     def replay_all():
         for _, fn, grid, block, args, kw in launches:
-            fn(grid, block, args, **kw)
+            relaunch(fn, grid, block, args, kw)
 
     whole_kernels = graph_time(cp, replay_all)
     whole_window = window_wall(cp, window, 10)
@@ -151,7 +165,7 @@ def main() -> int:
     for name, fn, grid, block, args, kw in launches:
         def body(fn=fn, grid=grid, block=block, args=args, kw=kw):
             for _ in range(REPEATS):
-                fn(grid, block, args, **kw)
+                relaunch(fn, grid, block, args, kw)
         label = f"{name} grid={tuple(grid)}" if name.startswith("mmv") else name
         per[label].append(graph_time(cp, body) / REPEATS)
     total = sum(sum(v) for v in per.values())

@@ -414,10 +414,9 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     for (int j = 0; j < KV_MAX_PER_LANE; ++j)
         if (lane + 32 * j < d) xs[lane + 32 * j] = raw[j];
     __syncwarp();
-    const float* xr = xs;
     if (is_q) {
         float* o = q_out + ((size_t)t * n_head + h) * d;
-        for (int e = lane; e < d; e += 32) o[e] = rope_elem(xr, e, dim, neox, cs, sn);
+        for (int e = lane; e < d; e += 32) o[e] = rope_elem(xs, e, dim, neox, cs, sn);
         return;
     }
     const size_t at = ((size_t)h * cap + pos) * d;
@@ -427,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) rope_kv_write(cons
     for (int j = 0; j < KV_MAX_PER_LANE; ++j) {
         const int e = lane + 32 * j;
         vals[j] = 0.f;
-        if (e < d) vals[j] = is_k ? rope_elem(xr, e, dim, neox, cs, sn) : raw[j];
+        if (e < d) vals[j] = is_k ? rope_elem(xs, e, dim, neox, cs, sn) : raw[j];
         amax = fmaxf(amax, fabsf(vals[j]));
     }
     if (!int8_cache) {
