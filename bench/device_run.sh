@@ -1348,6 +1348,47 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s17d)  # the experts' plan in one kernel and the sorted activations gathered once: tests; seed-moe-full prefill new vs .gl/base
+  timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_window.py -k "grouped or plan or experts or long_prompt or invariance" \
+      > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  timeout 200 python3 bench/gpu_prefill_probe.py --pack /tmp/seed-moe-full 2>&1 | tee $OUT/prefill.log | grep -E "window|function calls|experts|attention|total" | head -30
+  for v in new base new base; do
+    timeout 120 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes eager --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:" | sed "s/^/[$v] /"
+  done
+  ;;
+s17c)  # seed-moe-full's 512-token prefill: per-op GPU time with the long-prompt path off / on; pp512 of the engine off / on
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  timeout 300 python3 bench/gpu_prefill_probe.py --pack /tmp/seed-moe-full 2>&1 | tee $OUT/prefill.log | grep -v "^ *$" | head -90
+  for v in 1 0; do
+    STRATA_CUDA_PREFILL=$v timeout 150 python3 bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes eager --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:" | sed "s/^/[PREFILL=$v] /"
+  done
+  ;;
+s17b)  # RAW_PLANES: the MMVQ and PDL tests; where seed-moe-full's 512-token prefill window spends its time
+  timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_pdl.py > $OUT/tests.log 2>&1; tail -1 $OUT/tests.log
+  grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  timeout 240 python3 bench/gpu_prefill_probe.py --pack /tmp/seed-moe-full 2>&1 | tee $OUT/prefill.log | grep -v "^ *$" | head -70
+  ;;
+s17a)  # Q2_0 RAW_PLANES (masks, no shifts) vs HEAD (.gl/base); the activation permutes' cost (PROBE_NO_ORDER: timing only;
+       # that knob, a `return` at the top of activation_order, was removed after the run: S17-1)
+  python3 -m pytest -q tests/test_cuda_mmvq.py -k "42 or Q2_0" > $OUT/tests.log 2>&1; tail -1 $OUT/tests.log
+  grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  for v in base new; do
+    python3 $(tree $v)/bench/sass_mmvq.py --out $OUT/sass_$v 'mmvq<42, 1, true>' 'mmvq<42, 4>' 'mmvq<20, 1, true, 4, true>' 2>&1 | sed "s/^/[$v] /"
+  done
+  python3 bench/sass_mmvq.py --out $OUT/sass_probe -D PROBE_NO_ORDER=1 'mmvq<42, 1, true>' 'mmvq<42, 4>' 'mmvq<20, 1, true, 4, true>' 2>&1 | sed "s/^/[probe] /"
+  for v in base new probe base new probe; do
+    e=STRATA_X=1; [ $v = probe ] && e=STRATA_MMVQ_PROBE_NO_ORDER=1
+    env $e python3 $(tree $v)/bench/bench_mmvq.py --types Q2_0,IQ4_NL,Q4_K,IQ3_S --cols 1,2,4,8 2>&1 | grep -E "^(Q|I)|^device|rror" | sed "s/^/[$v] /"
+  done | tee $OUT/mmvq.log
+  ;;
 a)
   cp .models/tm.part1 /tmp/tm.part1
   python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_prefill.py 2>&1 | tail -15 | tee $OUT/tests.log

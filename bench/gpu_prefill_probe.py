@@ -1,5 +1,6 @@
 """Why is a 512-token window slow? Wall time of one prefill window (synchronised) with the
-long-prompt GEMM path off/on (STRATA_CUDA_PREFILL=0/1), and a cProfile of the host side of one window.
+long-prompt GEMM path off/on (STRATA_CUDA_PREFILL=0/1), and for each a cProfile of the host side
+of one window and the GPU time per op (gpu_step_profile.op_profile).
 
   python bench/gpu_prefill_probe.py --pack P [--tokens 512]
 """
@@ -51,15 +52,16 @@ def main() -> int:
             ts.append(time.perf_counter() - t0)
         print(f"STRATA_CUDA_PREFILL={prefill}: {a.tokens}-token window {min(ts) * 1e3:.1f} ms "
               f"({a.tokens / min(ts):.0f} tok/s)", flush=True)
-        if prefill == "0":
-            pr = cProfile.Profile()
-            pr.enable()
-            window()
-            pr.disable()
-            pstats.Stats(pr).sort_stats("tottime").print_stats(6)
-            from gpu_step_profile import op_profile
+        pr = cProfile.Profile()
+        pr.enable()
+        window()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(8)
+        from gpu_step_profile import op_profile
 
-            op_profile(m, 1000, None, 3, width=a.tokens)
+        op_profile(m, 1000, None, 3, width=a.tokens, long_prompt=m.b.long_prompt_tokens is not None)
+        del core, m
+        cp.get_default_memory_pool().free_all_blocks()
     return 0
 
 

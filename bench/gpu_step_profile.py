@@ -80,10 +80,11 @@ def main() -> int:
     return 0
 
 
-def op_profile(m, tok, cache, steps, width: int = 1):
+def op_profile(m, tok, cache, steps, width: int = 1, long_prompt: bool = False):
     """GPU time per backend op over eager decode steps (CUDA events around each call, each op
     launched behind a 0.6 ms spin kernel so host launch time is not counted), and the achieved
-    bandwidth of each linear (its weight bytes / its time)."""
+    bandwidth of each linear (its weight bytes / its time). long_prompt: a prefill window's rows
+    are marked as a long prompt's (the GEMM projections and tensor-core attention, where on)."""
     import collections
 
     import cupy as cp
@@ -126,6 +127,7 @@ def op_profile(m, tok, cache, steps, width: int = 1):
     originals = {n: wrap(n) for n in names}
     kernels = ("rope_kv_write", "attention_kv")  # attend's two launches, apart
     fk_originals = {n: wrap(n, b._fk) for n in kernels}
+    fa_original = wrap("attention_prefill", b._fa) if hasattr(b, "_fa") else None
     per = collections.defaultdict(list)
     nbytes = {}
     calls = collections.Counter()
@@ -137,7 +139,7 @@ def op_profile(m, tok, cache, steps, width: int = 1):
             fresh = m.new_cache(4096, "f16")
             # distinct tokens: an MoE routes them to many experts, as real text does
             ids = np.random.default_rng(i).integers(100, m.n_vocab - 100, width)
-            h = m.forward(ids, [Span(fresh, 0, width)])[-1:]
+            h = m.forward(ids, [Span(fresh, 0, width, long_prompt=long_prompt)])[-1:]
         m.logits(h)
         cp.cuda.Device().synchronize()
         step = collections.defaultdict(float)
@@ -152,10 +154,13 @@ def op_profile(m, tok, cache, steps, width: int = 1):
         setattr(b, n, f)
     for n, f in fk_originals.items():
         setattr(b._fk, n, f)
+    if fa_original is not None:
+        b._fa.attention_prefill = fa_original
     b.graphs = saved_graphs
     total = sum(statistics.median(v) for v in per.values())
     print()
-    print(f"| op (eager, one window of {width} token(s)) | calls | GPU us / step | share | GB/s (weights) |")
+    what = f"one window of {width} token(s)" + (", a long prompt's" if long_prompt else "")
+    print(f"| op (eager, {what}) | calls | GPU us / step | share | GB/s (weights) |")
     print("|---|---:|---:|---:|---:|")
     for k, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1])):
         t = statistics.median(v)

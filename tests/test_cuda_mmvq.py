@@ -336,29 +336,41 @@ def test_experts_grouped_equals_one_pass_per_pair(type_id):
     per_x = cp.asarray(_x(rng, n * n_used, k))
     per_q8 = gpu.quantize_q8_1(per_x)
     bad = ~((ids >= 0) & (ids < n_expert)).reshape(-1)
-    for per_pair, act, act_q8, ref_ids in ((False, x, q8, ids_d), (True, per_x, per_q8, ids_d.reshape(-1, 1))):
+    w2 = cp.asarray(np.stack([random_blocks(type_id, rows, k, rng) for _ in range(n_expert)]))
+    cases = ((False, x, q8, ids_d, w), (True, per_x, per_q8, ids_d.reshape(-1, 1), w),
+             (True, per_x, per_q8, ids_d.reshape(-1, 1), w2))  # a second matrix on the same rows (an MoE's up)
+    for per_pair, act, act_q8, ref_ids, wm in cases:
         cp.full(1 << 22, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
-        got = cp.asnumpy(gpu.mmvq_experts_grouped(type_id, w, plan, act_q8, per_pair=per_pair))
-        ref = cp.asnumpy(gpu.mmvq_experts(type_id, w, ref_ids, act, q8=act_q8)).reshape(n * n_used, rows)
+        got = cp.asnumpy(gpu.mmvq_experts_grouped(type_id, wm, plan, act_q8, per_pair=per_pair))
+        ref = cp.asnumpy(gpu.mmvq_experts(type_id, wm, ref_ids, act, q8=act_q8)).reshape(n * n_used, rows)
         assert np.isnan(got[bad]).all() and np.isnan(ref[bad]).all()
         assert np.isfinite(got[~bad]).all(), f"unwritten outputs (seed {SEED})"
         np.testing.assert_array_equal(got[~bad], ref[~bad])
 
 
 def test_expert_plan_tiles_cover_every_pair_once():
-    """The plan built by CuPy on the device equals the host (numpy) plan tests/test_expert_plan.py checks."""
+    """The plan built on the device equals the host (numpy) plan tests/test_expert_plan.py checks:
+    several chunks of the kernel's stable scatter, unused experts, bad ids, few and many experts."""
     from tests.support.plans import assert_plan_covers
 
-    rng = _rng(77)
-    n_expert = 16
-    ids = rng.integers(0, n_expert, (200, 4)).astype(np.int32)
-    ids[ids == 3] = 5  # an unused expert
-    ids[7, 2] = -1
+    for n, n_used, n_expert in ((200, 4, 16), (1, 8, 128), (777, 8, 128), (300, 2, 3), (64, 6, 512)):
+        rng = _rng(77, n)
+        ids = rng.integers(0, n_expert, (n, n_used)).astype(np.int32)
+        if n_expert > 5:
+            ids[ids == 3] = 5  # an unused expert
+        ids.reshape(-1)[:: max(1, ids.size // 5)] = -1
+        ids.reshape(-1)[-1] = n_expert + 3
+        _check_plan(ids, n_expert, assert_plan_covers)
+
+
+def _check_plan(ids, n_expert, assert_plan_covers):
     plan = gpu.expert_plan(cp.asarray(ids), n_expert)
     host = gpu.expert_plan(ids, n_expert, xp=np)
     used = int(cp.asnumpy(plan.n_tiles)[0])
     assert_plan_covers(ids, n_expert, cp.asnumpy(plan.order), cp.asnumpy(plan.tiles), used, plan.max_tiles)
-    assert np.array_equal(cp.asnumpy(plan.tiles), host.tiles) and used == int(host.n_tiles[0])
+    # the device builds it in one kernel (expert_plan_build); tiles past the used ones never run
+    assert used == int(host.n_tiles[0]) and np.array_equal(cp.asnumpy(plan.tiles)[:used], host.tiles[:used])
+    assert np.array_equal(cp.asnumpy(plan.order), host.order)
 
 
 def test_more_columns_than_one_launch():

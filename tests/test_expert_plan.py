@@ -1,6 +1,6 @@
-"""The grouped-experts plan (strata.kernels.cuda.mmvq.expert_plan) built with numpy: the same
-array code the GPU runs on CuPy, so CI (no GPU) checks the tiling. Its kernel is checked on a
-GPU in tests/test_cuda_mmvq.py."""
+"""The grouped-experts plan (strata.kernels.cuda.mmvq.expert_plan) built with numpy, so CI (no
+GPU) checks the tiling. On the GPU one kernel builds it (expert_plan_build); tests/test_cuda_mmvq.py
+checks that kernel against this host plan, and the grouped kernel that runs on it."""
 
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ _HERE = Path(__file__).parent
 # Pipeline knobs a benchmark may try (bench/bench_mmvq.py; the defaults are the measured best).
 _KNOBS = {"STRATA_MMVQ_IN_FLIGHT": "IN_FLIGHT", "STRATA_MMVQ_TILE_MAX": "TILE_MAX", "STRATA_MMVQ_CPL_MAX": "CPL_MAX",
           "STRATA_MMVQ_WIDE_MIN_BLOCKS": "WIDE_MIN_BLOCKS", "STRATA_MMVQ_NARROW_MIN_BLOCKS": "NARROW_MIN_BLOCKS",
-          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW", "STRATA_MMVQ_LEAN_STAGES": "LEAN_STAGES"}
+          "STRATA_MMVQ_SIGN_RAW": "SIGN_RAW", "STRATA_MMVQ_LEAN_STAGES": "LEAN_STAGES",
+          "STRATA_MMVQ_PLANES_RAW": "PLANES_RAW"}
 _OPTIONS = ("--use_fast_math", "-std=c++17") + tuple(
     f"-D{macro}={int(os.environ[env])}" for env, macro in _KNOBS.items() if os.environ.get(env))
 _lock = threading.Lock()
@@ -158,8 +159,18 @@ def _module(type_id: int):
 
 
 @functools.cache
+def _plain_module():
+    """The module of the extern "C" kernels (activation quantization, the experts' plan)."""
+    return _cp().RawModule(code=_source(), options=_OPTIONS)
+
+
 def _quant_kernel():
-    return _cp().RawModule(code=_source(), options=_OPTIONS).get_function("quantize_q8_1")
+    return _plain_function("quantize_q8_1")
+
+
+@functools.cache
+def _plain_function(name: str):
+    return _plain_module().get_function(name)
 
 
 def compile_all(type_ids=None, threads: int = 8) -> None:
@@ -605,12 +616,19 @@ class ExpertPlan:
     (no host round trip); out-of-range ids form one more bucket, expert n_expert (NaN rows)."""
 
     order: object  # int64 (pairs,): sorted position -> pair index (pair = token * n_used + slot)
-    tiles: object  # int32 (max_tiles, 4): expert, first sorted position, columns, 0
+    tiles: object  # int32 (max_tiles, 4): expert, first sorted position, columns, 0 (unused tiles: any)
     n_tiles: object  # int32 (1,): tiles in use
     max_tiles: int
     pairs: int
     n_used: int
     n_expert: int
+    # (q8, per_pair, gathered q, gathered meta): the last activations gathered in sorted order,
+    # which an MoE's gate and up share (mmvq_experts_grouped)
+    gathered: tuple | None = None
+
+
+PLAN_THREADS = 256  # expert_plan_build's block; must match mmvq_kernels.cuh
+_PLAN_SMEM_MAX = 48 * 1024  # dynamic shared memory a launch gets unasked
 
 
 def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
@@ -623,6 +641,17 @@ def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
     n_used = int(ids.shape[1])
     flat = ids.reshape(-1)
     pairs = int(flat.size)
+    max_tiles = -(-pairs // GROUP_COLS) + n_expert + 1  # each bucket wastes at most one tile
+    smem = (2 + PLAN_THREADS // 32) * (n_expert + 1) * 4
+    if xp is None and 0 < pairs < 1 << 31 and smem <= _PLAN_SMEM_MAX:
+        # one launch (mmvq_kernels.cuh, expert_plan_build): the same plan as the array code below
+        flat = cp.ascontiguousarray(flat)
+        order = cp.empty(pairs, dtype=cp.int64)
+        tiles = cp.empty((max_tiles, 4), dtype=cp.int32)
+        n_tiles = cp.empty(1, dtype=cp.int32)
+        _plain_function("expert_plan_build")((1,), (PLAN_THREADS,), (
+            flat, np.int32(pairs), np.int32(n_expert), np.int32(max_tiles), order, tiles, n_tiles), shared_mem=smem)
+        return ExpertPlan(order, tiles, n_tiles, max_tiles, pairs, n_used, n_expert)
     bucket = cp.where((flat >= 0) & (flat < n_expert), flat, n_expert)
     # unique keys: the sort is stable whatever the algorithm (pairs of one expert stay in order)
     order = cp.argsort(bucket.astype(cp.int64) * max(1, pairs) + cp.arange(pairs, dtype=cp.int64))
@@ -631,7 +660,6 @@ def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
     starts, counts = edges[:-1], cp.diff(edges)
     per = (counts + GROUP_COLS - 1) // GROUP_COLS
     ends = cp.cumsum(per)
-    max_tiles = -(-pairs // GROUP_COLS) + n_expert + 1  # each bucket wastes at most one tile
     t = cp.arange(max_tiles, dtype=cp.int64)
     e = cp.minimum(cp.searchsorted(ends, t, side="right"), n_expert)  # tiles past the end: ignored
     j = t - (ends[e] - per[e])  # tile index within its expert
@@ -670,13 +698,7 @@ def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, pe
     out = cp.empty((plan.pairs, rows), dtype=cp.float32)
     if plan.pairs == 0:
         return out
-    src = plan.order if per_pair else plan.order // plan.n_used  # activation column of each sorted pair
-    kb = k // QK
-    # gathered in sorted order, + GROUP_COLS rows a tile may read past its columns (not stored)
-    qg = cp.zeros((plan.pairs + GROUP_COLS, k), dtype=cp.int8)
-    mg = cp.zeros((plan.pairs + GROUP_COLS, kb, 2), dtype=cp.int32)
-    qg[: plan.pairs] = q8.q[src]
-    mg[: plan.pairs] = q8.meta[src]
+    qg, mg = _gathered(plan, q8, per_pair)
     fn = _grouped_function(t.id)
     # a few row blocks per tile: many short blocks, several waves (a prefill window is long
     # enough that the tail of the last wave matters less than idle warps in wide blocks)
@@ -685,8 +707,25 @@ def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, pe
     fn((-(-rows // (rpw * WARPS)), plan.max_tiles), (WARPS * 32,), (
         w, np.int64(rows * row_bytes), np.int32(n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
         np.int32(row_bytes), np.int32(k), np.int32(rpw), qg, mg, sorted_out))
-    out[plan.order] = sorted_out
+    _plain_function("scatter_rows")((plan.pairs,), (128,), (sorted_out, plan.order, np.int32(rows), out))
     return out
+
+
+def _gathered(plan: ExpertPlan, q8: Q8Buffer, per_pair: bool):
+    """q8's rows in the plan's sorted order, + GROUP_COLS zero rows a tile may read past its
+    columns (not stored); made once for the gate and the up that read the same activations."""
+    g = plan.gathered
+    if g is not None and g[0] is q8 and g[1] == per_pair:
+        return g[2], g[3]
+    cp, k = _cp(), q8.k
+    total = plan.pairs + GROUP_COLS
+    qg = cp.empty((total, k), dtype=cp.int8)
+    mg = cp.empty((total, k // QK, 2), dtype=cp.int32)
+    q, meta = cp.ascontiguousarray(q8.q), cp.ascontiguousarray(q8.meta)
+    _plain_function("gather_q8_rows")((total,), (128,), (
+        q, meta, plan.order, np.int32(1 if per_pair else plan.n_used), np.int32(plan.pairs), np.int32(k), qg, mg))
+    plan.gathered = (q8, per_pair, qg, mg)
+    return qg, mg
 
 
 # ------------------------------------------------------------------ native table

@@ -59,7 +59,11 @@ __device__ __forceinline__ void lut16x8(u32 w, u32 t0, u32 t1, u32 t2, u32 t3, i
 //   RAW_SIGNS   grid words times per-weight signs (IQ2, IQ3_XXS): q = g ^ m, neg = m (Chunk);
 //   RAW_NIBBLE  4-bit codes that sit in the high nibbles stay there (q = 16 x code as unsigned
 //               bytes) and the scales take the 1 / 16 (a power of two: the same bits).
-enum { RAW_NONE = 0, RAW_SIGNS = 1, RAW_NIBBLE = 2 };
+//   RAW_PLANES  2-bit codes masked in place, no shift (code int 4h + p holds 4^p x code as
+//               unsigned bytes); the dot product weighs plane p by 4^(3 - p) (a shift of its
+//               running sum between planes), so every code counts 64 times and the scale takes
+//               the 1 / 64.
+enum { RAW_NONE = 0, RAW_SIGNS = 1, RAW_NIBBLE = 2, RAW_PLANES = 3 };
 #define TYPE_HEAD_S(ID_, BS_, TS_, IOFF_, MIN_, TABW_, TAB_, ORDER_, RAWF_)      \
     template <> struct TypeOf<ID_> {                                             \
         static constexpr int ID = ID_, BS = BS_, TS = TS_, IOFF = IOFF_, TAB_WORDS = TABW_; \
@@ -78,6 +82,7 @@ template <int RAWF>
 __host__ __device__ __forceinline__ int raw_code(const Chunk& r, int i, int j) {
     const int q = (int)((r.q[i] >> (8 * j)) & 0xFF);
     if (RAWF == RAW_NIBBLE) return q;
+    if (RAWF == RAW_PLANES) return q << (2 * (3 - (i & 3)));
     const int c = (int)(i8)q;
     return RAWF == RAW_SIGNS ? c - (int)(i8)((r.neg[i] >> (8 * j)) & 0xFF) : c;
 }
@@ -198,16 +203,17 @@ TYPE_TAIL
 
 // Q2_0 (64 weights): half d; 16 bytes of 2-bit codes, LSB first; value (c - 1) * d.
 // A byte holds 4 consecutive weights, so masks give bit planes (code int 4h+s = weights
-// 16h + 4k + s, k = 0..3): PLANE_ORDER.
-TYPE_HEAD_X(42, 64, 18, -1, false, 1, nullptr, PLANE_ORDER) {
+// 16h + 4k + s, k = 0..3): PLANE_ORDER. RAW (RAW_PLANES): one mask per plane, no shift.
+TYPE_HEAD_S(42, 64, 18, -1, false, 1, nullptr, PLANE_ORDER, RAW_PLANES) {
     u32 w[2];  // weights 16h .. 16h+15 of the chunk in w[h]
     ldwords(b + 2 + 8 * sub, w);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) r.q[4 * h + p] = (w[h] >> (2 * p)) & 0x03030303;
+        for (int p = 0; p < 4; ++p)
+            r.q[4 * h + p] = RAW ? w[h] & (0x03030303u << (2 * p)) : (w[h] >> (2 * p)) & 0x03030303u;
     }
-    r.sc[0] = r.sc[1] = ldh(b);
+    r.sc[0] = r.sc[1] = RAW ? ldh(b) * 0.015625f : ldh(b);
 }
 TYPE_TAIL
 

@@ -23,6 +23,9 @@
 #ifndef SIGN_RAW  // up to this many columns the sign types decode RAW (stream_rows)
 #define SIGN_RAW 1
 #endif
+#ifndef PLANES_RAW  // and Q2_0 (RAW_PLANES: two shifts per column replace six per row)
+#define PLANES_RAW 1
+#endif
 #ifndef CPL_MAX
 #define CPL_MAX 2
 #endif
@@ -132,6 +135,16 @@ __device__ __forceinline__ int dot4(const Chunk& r, const int4& a, int i) {
     return i;
 }
 
+// RAW_PLANES (mmvq_decode.cuh): code word 4h + p holds plane p of activation word p of a (h 0)
+// or c (h 1) at 4^p times its codes; the running sum is shifted by 2 between planes, so it ends
+// at 64 times the dot product. It starts at `init`, which the three shifts also scale by 64.
+__device__ __forceinline__ int planes_dot(const Chunk& r, const int4& a, const int4& c, int init) {
+    int t = dp4a_us(r.q[4], c.x, dp4a_us(r.q[0], a.x, init));
+    t = dp4a_us(r.q[5], c.y, dp4a_us(r.q[1], a.y, t * 4));
+    t = dp4a_us(r.q[6], c.z, dp4a_us(r.q[2], a.z, t * 4));
+    return dp4a_us(r.q[7], c.w, dp4a_us(r.q[3], a.w, t * 4));
+}
+
 // acc + d * (the chunk's dot product with one column). Every rounding step is spelled out (no
 // contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
 // multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
@@ -139,7 +152,12 @@ __device__ __forceinline__ int dot4(const Chunk& r, const int4& a, int i) {
 template <class T, int RAWF = RAW_NONE>
 __device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
     const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
-    if constexpr (OneScale<T::ID>::YES) {
+    if constexpr (RAWF == RAW_PLANES) {
+        static_assert(OneScale<T::ID>::YES && !T::MIN, "RAW_PLANES: one scale, no min");
+        // the offset enters as the chain's start (times 64 with the rest): 64 (dot + IOFF s)
+        const int i = planes_dot(r, a, c, T::IOFF * (s0 + s1));
+        return __fmaf_rn(m.d, __fmul_rn(r.sc[0], (float)i), acc);
+    } else if constexpr (OneScale<T::ID>::YES) {
         // one scale for the 32 weights: one integer sum (codes in any order the activations
         // share), converted and scaled once
         int i = dot4<RAWF, 4>(r, c, dot4<RAWF, 0>(r, a, 0));
@@ -334,7 +352,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     // The raw chunk form (mmvq_decode.cuh) where it pays: RAW_NIBBLE always (a cheaper decode,
     // the same dot product); RAW_SIGNS at one column (8 dp4a per chunk replace 16 instructions
     // of the decode; from 2 columns on, the dp4a would repeat per column).
-    constexpr bool RAW = T::RAWF == RAW_NIBBLE || (T::RAWF == RAW_SIGNS && NC <= SIGN_RAW);
+    constexpr bool RAW = T::RAWF == RAW_NIBBLE || (T::RAWF == RAW_PLANES && NC <= PLANES_RAW) ||
+                        (T::RAWF == RAW_SIGNS && NC <= SIGN_RAW);
     constexpr int RAWF = RAW ? T::RAWF : RAW_NONE;
     constexpr int PU = PRE ? G::CPL : 1, PJ = PRE ? NC : 1;
     int g = 0, t = 0, cstage = 0;  // current item's group, tile and stage
@@ -604,6 +623,100 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
     }
     stream_rows<T, GROUP_COLS>(w + (size_t)tile.x * expert_bytes, r.x, r.y, row_bytes, k, q8 + (size_t)tile.y * k,
                                meta + (size_t)tile.y * (k / 32), o, rows, smem[threadIdx.x >> 5], tab, tile.z);
+}
+
+// The plan mmvq_grouped runs on (mmvq.py, ExpertPlan), in one launch of one block: the pairs
+// (token, expert) sorted by expert by a stable counting sort, and tiles of at most GROUP_COLS
+// pairs of one expert. CuPy's array code for it took ~15 launches and ~1 ms of host time per
+// layer, which made a prefill window's host side slower than its GPU side. Bucket b < n_expert
+// is expert b, bucket n_expert the out-of-range ids. Dynamic shared memory: (2 + PLAN_THREADS / 32)
+// * (n_expert + 1) ints (mmvq.py checks that they fit).
+#define PLAN_THREADS 256
+extern "C" __global__ void __launch_bounds__(PLAN_THREADS) expert_plan_build(
+    const int* __restrict__ ids, int pairs, int n_expert, int max_tiles, long long* __restrict__ order,
+    int4* __restrict__ tiles, int* __restrict__ n_tiles) {
+    constexpr int NW = PLAN_THREADS / 32;
+    extern __shared__ int plan_smem[];
+    const int B = n_expert + 1;
+    int* cnt = plan_smem;            // pairs per bucket
+    int* cursor = plan_smem + B;     // a bucket's next sorted position
+    int* part = plan_smem + 2 * B;   // tile starts, then each warp's pairs per bucket in a chunk
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    auto bucket_of = [&](int p) {
+        const int e = ids[p];
+        return e >= 0 && e < n_expert ? e : n_expert;
+    };
+    for (int b = tid; b < B; b += PLAN_THREADS) cnt[b] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += PLAN_THREADS) atomicAdd(&cnt[bucket_of(p)], 1);
+    __syncthreads();
+    if (tid == 0) {  // exclusive scans of pairs and tiles per bucket (a few hundred buckets)
+        int s = 0, t = 0;
+        for (int b = 0; b < B; ++b) {
+            cursor[b] = s;
+            part[b] = t;
+            s += cnt[b];
+            t += (cnt[b] + GROUP_COLS - 1) / GROUP_COLS;
+        }
+        *n_tiles = t;
+    }
+    __syncthreads();
+    for (int b = tid; b < B; b += PLAN_THREADS)
+        for (int j = 0; j * GROUP_COLS < cnt[b]; ++j)
+            tiles[part[b] + j] = make_int4(b, cursor[b] + j * GROUP_COLS, min(GROUP_COLS, cnt[b] - j * GROUP_COLS), 0);
+    const int used = part[B - 1] + (cnt[B - 1] + GROUP_COLS - 1) / GROUP_COLS;
+    for (int t = used + tid; t < max_tiles; t += PLAN_THREADS) tiles[t] = make_int4(0, 0, 0, 0);  // never run
+    __syncthreads();
+    // stable scatter, a chunk of PLAN_THREADS pairs at a time in pair order: a pair's place is its
+    // bucket's cursor + the pairs of its bucket in earlier warps of the chunk + earlier lanes of its warp
+    for (int c0 = 0; c0 < pairs; c0 += PLAN_THREADS) {
+        const int p = c0 + tid;
+        const int b = p < pairs ? bucket_of(p) : -1;
+        const unsigned same = __match_any_sync(0xFFFFFFFFu, b);
+        const int rank = __popc(same & ((1u << lane) - 1u));
+        for (int i = tid; i < NW * B; i += PLAN_THREADS) part[i] = 0;
+        __syncthreads();
+        if (b >= 0 && rank == 0) part[warp * B + b] = __popc(same);
+        __syncthreads();
+        if (b >= 0) {
+            int before = cursor[b] + rank;
+            for (int w = 0; w < warp; ++w) before += part[w * B + b];
+            order[before] = p;
+        }
+        __syncthreads();
+        for (int bb = tid; bb < B; bb += PLAN_THREADS) {
+            int s = 0;
+            for (int w = 0; w < NW; ++w) s += part[w * B + bb];
+            cursor[bb] += s;
+        }
+        __syncthreads();
+    }
+}
+
+// Activation rows in a plan's sorted order for mmvq_grouped: row i of (qg, mg) is row order[i] /
+// div of (q, meta) (div: n_used where a token's experts share its row, 1 for a row per pair);
+// rows pairs..total are zero (a tile reads up to GROUP_COLS rows past its columns). One block
+// per row; one launch where CuPy's indexing took four.
+extern "C" __global__ void gather_q8_rows(const i8* __restrict__ q, const int2* __restrict__ meta,
+                                          const long long* __restrict__ order, int div, int pairs, int k,
+                                          i8* __restrict__ qg, int2* __restrict__ mg) {
+    const int i = blockIdx.x;
+    const bool live = i < pairs;
+    const long long src = live ? order[i] / div : 0;
+    const int4* qs = (const int4*)(q + src * k);
+    int4* qd = (int4*)(qg + (size_t)i * k);
+    for (int j = threadIdx.x; j < k / 16; j += blockDim.x) qd[j] = live ? qs[j] : make_int4(0, 0, 0, 0);
+    const int kb = k / 32;
+    for (int j = threadIdx.x; j < kb; j += blockDim.x) mg[(size_t)i * kb + j] = live ? meta[src * kb + j] : make_int2(0, 0);
+}
+
+// mmvq_grouped's rows (sorted order) back to pair order: out row order[i] = row i of src.
+extern "C" __global__ void scatter_rows(const float* __restrict__ src, const long long* __restrict__ order, int rows,
+                                        float* __restrict__ out) {
+    const int i = blockIdx.x;
+    const float* s = src + (size_t)i * rows;
+    float* d = out + (size_t)order[i] * rows;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) d[r] = s[r];
 }
 
 // ---------------------------------------------------------------- activation quantization
