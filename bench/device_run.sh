@@ -1348,6 +1348,27 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s17f)  # final tree: prefill activations cast by one kernel (dequant.to_f16); GPU tests; dense-8b probe; pp512 new vs .gl/base
+  timeout 240 python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_prefill_host.py tests/test_cuda_mmvq.py tests/test_cuda_window.py \
+      -k "prefill or 42 or Q2_0 or grouped or plan or experts or long_prompt or invariance" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  synth_big
+  timeout 100 python3 bench/gpu_prefill_probe.py --pack /tmp/dense-8b 2>&1 | tee $OUT/prefill_dense.log | grep -E "window|function calls|total of"
+  for pk in dense-8b seed-moe-full; do for v in new base; do
+    timeout 90 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$pk --modes eager --batches 1 --tokens 8 --runs 2 2>&1 \
+        | grep -E "pp512:" | sed "s/^/[$v] $pk /"
+  done; done
+  ;;
+s17e)  # 91de5e8: its Q2_0 / plan / grouped / window tests; the prefill probe on the llama packs (smollm, dense-8b)
+  timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_window.py \
+      -k "42 or Q2_0 or grouped or plan or experts or long_prompt or invariance" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+for n in ('smollm', 'dense-8b'): synth_pack(PRESETS[n], '/tmp/' + n, progress=lambda s: None)"
+  for pk in smollm dense-8b; do
+    timeout 150 python3 bench/gpu_prefill_probe.py --pack /tmp/$pk 2>&1 | tee $OUT/prefill_$pk.log | grep -v "^ *$" | grep -v "^---\|^|---" | head -60 | sed "s/^/[$pk] /"
+  done
+  ;;
 s17d)  # the experts' plan in one kernel and the sorted activations gathered once: tests; seed-moe-full prefill new vs .gl/base
   timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py tests/test_cuda_window.py -k "grouped or plan or experts or long_prompt or invariance" \
       > $OUT/tests.log 2>&1

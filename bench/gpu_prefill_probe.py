@@ -57,6 +57,7 @@ def main() -> int:
         window()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(8)
+        pstats.Stats(pr).sort_stats("cumulative").print_stats(r"strata/(backend|kernels)", 14)
         from gpu_step_profile import op_profile
 
         op_profile(m, 1000, None, 3, width=a.tokens, long_prompt=m.b.long_prompt_tokens is not None)

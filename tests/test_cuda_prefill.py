@@ -164,3 +164,19 @@ def test_fixed_row_tiles_make_rows_independent_of_the_window(tid):
         np.testing.assert_array_equal(cp.asnumpy(out), full[a:b], err_msg=f"rows {a}..{b}")
     exact = x.astype(np.float64) @ wref.astype(np.float64).T
     assert _rel(full.astype(np.float64), exact) < LINEAR_REL
+
+
+def test_activations_to_f16_round_to_nearest_and_pad_with_zeros():
+    """dequant.to_f16 (the prefill GEMMs' activations): rows < n numpy's float16 rounding bit for
+    bit (halfway cases, subnormals, overflow to inf included), the padding rows zero."""
+    n, m, k = 13, 16, 96
+    x = _rng(5).standard_normal((n, k)).astype(np.float32) * np.float32(1000)
+    x[0, :6] = [65520.0, 65519.0, 6e-8, 3e-8, -1e-7, 2049.0]  # inf, max f16, subnormals, a tie
+    x[1, :3] = [np.inf, -np.inf, np.nan]
+    out = _poisoned((m, k), cp.float16)
+    gpu.to_f16(type_by_id(12).id, cp.asarray(x), n, out)  # the Q4_K module's kernel
+    got = cp.asnumpy(out)
+    with np.errstate(over="ignore"):  # 65520 and 1000 x normals past 65504: inf, as on the device
+        ref = x.astype(np.float16)
+    np.testing.assert_array_equal(got[:n].view(np.uint16)[~np.isnan(ref)], ref.view(np.uint16)[~np.isnan(ref)])
+    assert np.isnan(got[1, 2]) and (got[n:] == 0).all() and not np.signbit(got[n:]).any()

@@ -48,6 +48,7 @@ class PrefillPath:
         self._o32 = None  # float32 flat scratch: outputs of padded row tiles
         self._alpha = np.ones(1, dtype=np.float32)  # host scalars for cublasGemmEx (host pointer mode)
         self._beta = np.zeros(1, dtype=np.float32)
+        self._alpha_ptr, self._beta_ptr = self._alpha.ctypes.data, self._beta.ctypes.data
 
     def tile_rows(self, rows: int, k: int) -> int:
         return max(1, min(rows, self.scratch_bytes // (2 * k)))
@@ -87,8 +88,7 @@ class PrefillPath:
         step = tile_m or n
         m = -(-n // step) * step  # rows the GEMMs run on
         x16 = self._scratch("_x16", m * k).reshape(m, k)
-        cp.copyto(x16[:n], x, casting="same_kind")  # round to nearest f16
-        x16[n:] = 0
+        dequant.to_f16(type_id, x, n, x16)  # rows past n: zeros (round to nearest f16)
         target = out
         if m != n:
             if self._o32 is None or self._o32.size < m * rows:
@@ -127,9 +127,9 @@ class PrefillPath:
             cublas.setPointerMode(handle, _POINTER_MODE_HOST)
         try:
             cublas.gemmEx(handle, _OP_T, _OP_N, m, n, k,
-                          self._alpha.ctypes.data, w16.data.ptr, _R_16F, k,
+                          self._alpha_ptr, w16.data.ptr, _R_16F, k,
                           x16.data.ptr, _R_16F, k,
-                          self._beta.ctypes.data, out.data.ptr + 4 * r0, _R_32F, rows,
+                          self._beta_ptr, out.data.ptr + 4 * r0, _R_32F, rows,
                           _COMPUTE_32F, _GEMM_DEFAULT)
         finally:
             if mode != _POINTER_MODE_HOST:

@@ -74,3 +74,19 @@ __global__ void __launch_bounds__(DQ_THREADS) dequant_rows(const u8* __restrict_
         if (base + p < total) Store8<OutT>::put(out + base + p, stage + (p >> 5) * DQ_PAD + (p & 31));
     }
 }
+
+// Prefill GEMMs' activations: float32 values to float16 (round to nearest, as a CuPy cast), 8 a
+// thread; values [live, total) are written as zeros (the padding rows of a GEMM's last row tile).
+// One launch where cupy.copyto and a fill cost ~100 us of host time per weight (S17-5). live and
+// total are multiples of 8; x and y 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) f32_to_f16(const float* __restrict__ x, long long live,
+                                                                     long long total, unsigned short* __restrict__ y) {
+    const long long p = ((long long)blockIdx.x * DQ_THREADS + threadIdx.x) * 8;
+    if (p >= total) return;
+    float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (p < live) {
+        const float4 a = *(const float4*)(x + p), b = *(const float4*)(x + p + 4);
+        s[0] = a.x; s[1] = a.y; s[2] = a.z; s[3] = a.w; s[4] = b.x; s[5] = b.y; s[6] = b.z; s[7] = b.w;
+    }
+    Store8<unsigned short>::put(y + p, s);
+}

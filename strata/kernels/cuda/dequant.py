@@ -8,6 +8,7 @@ contraction); float16 results are those values rounded to nearest.
     dequantize_rows(type_id, blocks, rows, k, out=None, dtype=float16) -> (rows, k)
     dequantize_rows_f16(type_id, blocks, rows, k, out=None)             -> float16 (rows, k)
     get_rows(type_id, blocks, ids, k, out=None, dtype=float32)          -> (len(ids), k)
+    to_f16(type_id, x, n_live, out)   prefill activations to float16 (+ zero padding rows)
     compile_all(type_ids=None, threads=8)
 
 blocks: uint8 (rows, row_bytes) on the device, as the CUDA backend uploads weights (any
@@ -127,6 +128,21 @@ def _launch(type_id: int, w, row_bytes: int, k: int, n: int, ids, n_table: int, 
     grid = (-(-nchunks // THREADS),)
     fn(grid, (THREADS,), (w, np.int64(row_bytes), np.int32(k), np.int64(nchunks),
                           ids if ids is not None else np.uintp(0), np.int64(n_table), out))
+
+
+def to_f16(type_id: int, x, n_live: int, out) -> None:
+    """x float32 (>= n_live, k) on the device -> out float16 (m, k): rows < n_live rounded to
+    nearest, the rest zero (the prefill GEMMs' activations and their padding). type_id: the
+    weight whose module (already compiled) holds the kernel. k % 8 == 0, both 16-byte aligned."""
+    total = int(out.size)
+    live = n_live * int(out.shape[1])
+    fn = _cast_function(type_id)
+    fn((-(-total // (8 * THREADS)),), (THREADS,), (x, np.int64(live), np.int64(total), out))
+
+
+@functools.cache
+def _cast_function(type_id: int):
+    return _module(type_id).get_function("f32_to_f16")
 
 
 def dequantize_rows(type_id: int, blocks, rows: int, k: int, out=None, dtype=np.float16):
