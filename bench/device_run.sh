@@ -1348,6 +1348,11 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s17g)  # final tree (a5e2951): the GPU test files the session's other runs did not take whole
+  timeout 220 python3 -m pytest -q -x tests/test_cuda_pdl.py tests/test_cuda_env_knobs.py tests/test_cuda_backend.py \
+      tests/test_cuda_launch_layout.py tests/test_cuda_sample.py tests/test_cuda_attention_prefill.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  ;;
 s17f)  # final tree: prefill activations cast by one kernel (dequant.to_f16); GPU tests; dense-8b probe; pp512 new vs .gl/base
   timeout 240 python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_prefill_host.py tests/test_cuda_mmvq.py tests/test_cuda_window.py \
       -k "prefill or 42 or Q2_0 or grouped or plan or experts or long_prompt or invariance" > $OUT/tests.log 2>&1
