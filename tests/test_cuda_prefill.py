@@ -10,7 +10,8 @@ Every type the CUDA backend runs natively, on fresh random valid blocks each run
   (weights and activations rounded to f16: <= 2^-11 relative each); against the f16-rounded
   operands < 1e-4, which float32 accumulation meets and f16 accumulation would not;
   several row tiles (small scratch) give the result of one (to 1e-6: cuBLAS may order sums
-  differently per tile shape).
+  differently per tile shape);
+- to_f16 (the GEMMs' activations) == numpy's float16 rounding bit for bit, padding rows zero.
 Outputs are poisoned with NaN before each run so an unwritten element fails.
 Skips cleanly without CuPy or a device.
 """

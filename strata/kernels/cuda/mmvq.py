@@ -160,7 +160,8 @@ def _module(type_id: int):
 
 @functools.cache
 def _plain_module():
-    """The module of the extern "C" kernels (activation quantization, the experts' plan)."""
+    """The module of the extern "C" kernels: activation quantization, and prefill's experts
+    plan, sorted-activation gather and row scatter."""
     return _cp().RawModule(code=_source(), options=_OPTIONS)
 
 
