@@ -1348,6 +1348,34 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18c)  # the test model's decode at B=1, 128 tokens: new / new with wide graphs off / session start, three rounds
+  for r in 1 2 3; do for v in new new0 base; do
+    e=STRATA_X=1; [ $v = new0 ] && e=STRATA_CUDA_WIDE_GRAPH_TOKENS=0
+    env $e timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --batches 1 --tokens 128 --runs 5 --prompt 64 2>&1 \
+        | grep -E "B=1:" | sed "s/^/[$v] tm /"
+  done; done
+  ;;
+s18a)  # wide windows graphed (prompt chunks on a shape's second sighting): attention and window tests; the
+       # SmolLM2-shaped pack's pp512 new vs session start (.gl/base); the test model's first half to /tmp
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 280 python3 -m pytest -q tests/test_cuda_attention_prefill.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
+  for v in new base new base; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
+  done
+  ;;
+s18b)  # the test model joined: pp512 (and decode) new vs session start, twice; its GPU tests
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  for v in new base new base; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --batches 1,4 --tokens 32 --runs 3 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \||captured" | sed "s/^/[$v] tm /"
+  done
+  STRATA_TEST_MODEL=/tmp/tm.gguf timeout 200 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
 s17g)  # final tree (a5e2951): the GPU test files the session's other runs did not take whole
   timeout 220 python3 -m pytest -q -x tests/test_cuda_pdl.py tests/test_cuda_env_knobs.py tests/test_cuda_backend.py \
       tests/test_cuda_launch_layout.py tests/test_cuda_sample.py tests/test_cuda_attention_prefill.py tests/test_cuda_prefill.py > $OUT/tests.log 2>&1

@@ -70,3 +70,31 @@ def test_rejects_what_it_has_no_kernel_for():
     assert not fa.supported(96)
     with pytest.raises(ValueError, match="unsupported"):
         fa.attention_prefill(cp.zeros((4, 4, 96), dtype=cp.float32), cache, 0, 0, cp.zeros((4, 384), dtype=cp.float32))
+
+
+@pytest.mark.parametrize("kind", ["f16", "int8"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_form_reads_start_and_cache_from_the_table(kind, d):
+    """attention_prefill_window (what a graphed prompt window launches) takes the span's start
+    and its cache's addresses from the window table: the same bits as the direct form, for a
+    span that is not the window's first, on the cache's second layer."""
+    from strata.backend.cuda import CudaBackend
+    from strata.model.transformer import Span
+
+    rng = np.random.default_rng([SEED, d, kind == "int8", 1])
+    n_head, n_kv, p0, m = 8, 2, 45, 140
+    other, cache = (KVCache(cp, 2, n_kv, d, 1024, kind) for _ in range(2))
+    for c, total in ((other, 5), (cache, p0 + m)):
+        for layer in range(2):
+            k = rng.standard_normal((total, n_kv, d)).astype(np.float32)
+            v = rng.standard_normal((total, n_kv, d)).astype(np.float32)
+            c.write(layer, 0, cp.asarray(k), cp.asarray(v))
+    spans = [Span(other, 3, 2), Span(cache, p0, m)]
+    win = cp.asarray(CudaBackend(fused=True).window_table(spans))
+    q = cp.asarray((rng.standard_normal((m, n_head, d)) * 1.5).astype(np.float32))
+    direct = cp.full((m, n_head * d), cp.nan, dtype=cp.float32)
+    windowed = cp.full((m, n_head * d), cp.nan, dtype=cp.float32)
+    fa.attention_prefill(q, cache, 1, p0, direct)
+    fa.attention_prefill_window(q, win, 2 + m, 1, 1, cache, p0, windowed)
+    assert np.isfinite(cp.asnumpy(direct)).all()
+    assert np.array_equal(cp.asnumpy(direct), cp.asnumpy(windowed)), f"seed {SEED}"

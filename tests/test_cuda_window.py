@@ -355,6 +355,62 @@ def test_head_rows_never_take_the_prompt_path(tmp_path, monkeypatch):
     assert same(logits, model.logits(hidden))  # after the window: no prompt rows, plain MMVQ
 
 
+@pytest.mark.parametrize("arch,kind,blocker", [("llama", "f16", None), ("llama", "int8", None),
+                                               ("llama", "f16", "prompt GEMM (cuBLAS)"),
+                                               ("qwen3moe", "f16", "grouped experts")])
+def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, blocker, monkeypatch):
+    """Prompt chunks wider than a decode window are graphed on their second sighting, and the
+    replay reads where the chunk starts and which cache it fills from the window table: three
+    sequences' long prompts in chunks of 256 (at 0) and 300 (at 256) give the graphs-off bits,
+    the first sequence's eagerly, the second's captured, the third's replayed. A pack whose
+    prompt rows take the GEMM (weight floor 0) or the grouped experts keeps those shapes eager
+    (said in kept_eager, nothing on stderr), with the same bits."""
+    if blocker == "prompt GEMM (cuBLAS)":
+        monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
+    path = synth_for_gpu(tmp_path, arch)
+    graphed = CudaBackend(fused=True)
+    eager = CudaBackend(fused=True)
+    eager.graphs = None
+    rng = np.random.default_rng(21)
+    prompts = [rng.integers(0, 1024, 556) for _ in range(3)]
+    script = [[(s, p[:256], True)] for s, p in enumerate(prompts)]
+    script += [[(s, p[256:], True)] for s, p in enumerate(prompts)]
+    script = [script[0], script[3], script[1], script[4], script[2], script[5]]  # each sequence's chunks in order
+    got = _windows(_load(path, graphed), script, kind)
+    ref = _windows(_load(path, eager), script, kind)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert np.array_equal(a, b), f"window {i}: differs from the graphs-off window"
+    g = graphed.graphs
+    if blocker is None:
+        assert len(g.wide) == 2 and g.replays >= 2 and not g.kept_eager
+    else:
+        assert not g.wide and g.kept_eager and all(blocker in reasons for _, reasons in g.kept_eager)
+    assert not g.failures
+
+
+def test_wide_graphs_keep_the_most_recent(tmp_path, monkeypatch):
+    """At most MAX_WIDE_GRAPHS wide graphs are held; the least recently replayed goes first,
+    and its shape, seen again, is captured again (same bits as without graphs)."""
+    from strata.backend import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "MAX_WIDE_GRAPHS", 2)
+    path = synth_for_gpu(tmp_path, "llama")
+    graphed = CudaBackend(fused=True)
+    eager = CudaBackend(fused=True)
+    eager.graphs = None
+    rng = np.random.default_rng(22)
+    sizes = [70, 80, 90, 70, 70, 80]  # three wide shapes, each seen several times, two held at once
+    script = [[(i, rng.integers(0, 1024, n))] for i, n in enumerate(sizes + sizes)]
+    got = _windows(_load(path, graphed), script, "f16")
+    ref = _windows(_load(path, eager), script, "f16")
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert np.array_equal(a, b), f"window {i}"
+    g = graphed.graphs
+    held = [k for k, v in g.graphs.items() if v is not None]
+    assert len(g.wide) == 2 and set(held) == set(g.wide)  # the dropped graphs are gone
+    assert g.replays >= 3
+
+
 def _batch_mtp_equals_plain(tmp_path, spec: int, lengths: tuple[int, int], tokens: int, seed: int,
                             extra: tuple[str, ...] = ()):
     """--batch-mtp at 4 slots on the seed-moe pack against plain decoding, greedy, 6 prompts of

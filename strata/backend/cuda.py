@@ -153,14 +153,17 @@ class CudaBackend(Backend):
         self._plan_memo: tuple[Any, Any] | None = None  # (expert ids, their mmvq.ExpertPlan)
         self._uploads: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, its blocks on the device)
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
-        self.capturing = False  # set by the graph runner: no cuBLAS (not capturable)
+        self.capturing = False  # set by the graph runner while it warms up and captures a window
+        # what made the window being warmed up uncapturable (cuBLAS, a host upload, the grouped
+        # experts' plan): the runner then keeps that shape eager (cuda_graphs.WindowGraphs)
+        self.capture_blockers: set[str] = set()
         self.prefill = self.fused and env_switch(PREFILL_ENV)
         self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
         self.prompt_gemm_min_weight = env_int(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT, 0)
         self.prompt_gemm_rows = env_int(PROMPT_TILE_ENV, PROMPT_GEMM_ROWS, 1)
         # (first row, end row, span) of the current window's long-prompt spans, and their rows as
         # the projections' prompt path sees them (emptied for the head's rows)
-        self._prompt_spans: list[tuple[int, int, Any]] = []
+        self._prompt_spans: list[tuple[int, int, Any, int]] = []  # (first row, end row, span, span index)
         self._prompt_rows: list[tuple[int, int]] = []
         self._head_attention = None  # (table, splits) of the rows before the prompts, once per window
         self.prompt_attention = self.prefill and env_switch(PROMPT_ATTENTION_ENV)  # (attend)
@@ -346,8 +349,8 @@ class CudaBackend(Backend):
     def _run_prompt_rows(self, p: _Part, x: Any, q8: Any, out: Any) -> Any:
         """A window with long-prompt rows: those rows through dequant + GEMM in fixed row tiles,
         the others (decode rows, short prompts) through MMVQ as in any window."""
-        if self.capturing:  # graphs refuse windows with long-prompt spans (WindowGraphs.takes)
-            raise RuntimeError("a window with long-prompt rows was being captured")
+        if self.capturing:  # the warm-up of a window the runner then keeps eager
+            self.capture_blockers.add("prompt GEMM (cuBLAS)")
         mm = self._mmvq
         n = x.shape[0]
         if out is None or not out.flags.c_contiguous:
@@ -399,12 +402,9 @@ class CudaBackend(Backend):
         returns the positions, the table's first n entries."""
         self._q8_memo = self._plan_memo = self._head_attention = None
         n = int(sum(sp.count for sp in spans))
-        self._win_n, self._prompt_spans, off = n, [], 0
-        for sp in spans:
-            if self.prefill and getattr(sp, "long_prompt", False):
-                self._prompt_spans.append((off, off + int(sp.count), sp))
-            off += int(sp.count)
-        self._prompt_rows = [(a, b) for a, b, _ in self._prompt_spans]
+        self._win_n = n
+        self._prompt_spans = [(a, b, spans[i], i) for a, b, i in self.prompt_layout(spans)]
+        self._prompt_rows = [(a, b) for a, b, _, _ in self._prompt_spans]
         if not self.fused or not self._cuda_caches(spans):
             self._win = None
             return self.xp.asarray(window_positions(spans))
@@ -419,6 +419,16 @@ class CudaBackend(Backend):
             self._win = self.xp.asarray(self.window_table(spans))
             self.splits = self.splits_for(spans)
         return self._win[:n]
+
+    def prompt_layout(self, spans: Sequence[Any]) -> tuple[tuple[int, int, int], ...]:
+        """(first row, end row, span index) of each long prompt's span in the window: which
+        rows take the prompt paths (part of a window graph's shape)."""
+        out, off = [], 0
+        for i, sp in enumerate(spans):
+            if self.prefill and getattr(sp, "long_prompt", False):
+                out.append((off, off + int(sp.count), i))
+            off += int(sp.count)
+        return tuple(out)
 
     def end_blocks(self) -> None:
         # the head's rows are a selection of the window's (logit rows): never the prompt path,
@@ -498,11 +508,13 @@ class CudaBackend(Backend):
         n, heads, d = (int(x) for x in qr.shape)
         out = cp.empty((n, heads * d), dtype=cp.float32)
         first = prompts[0][0]
-        tail = all(a == b for (_, a, _), (b, _, _) in zip(prompts, prompts[1:])) and prompts[-1][1] == n
+        tail = all(a == b for (_, a, _, _), (b, _, _, _) in zip(prompts, prompts[1:])) and prompts[-1][1] == n
         if not tail:
             fk.attention_kv(qr, self._win, layer, n_kv, int8, self.splits, q8, self._att_counters,
                             gqa=self._gqa(n, heads, n_kv), out=out)
         elif first:
+            if self.capturing:  # the head rows' table is uploaded from the host: not capturable
+                self.capture_blockers.add("decode rows before a prompt's")
             if self._head_attention is None:  # the same for every layer of the window
                 head_spans, off = [], 0
                 for sp in spans:  # the spans of rows [0, first)
@@ -515,8 +527,8 @@ class CudaBackend(Backend):
             part = mm.Q8Buffer(q8.q[:first], q8.meta[:first], q8.s[:first], first, q8.k) if q8 is not None else None
             fk.attention_kv(qr[:first], table, layer, n_kv, int8, splits, part,
                             self._att_counters, gqa=self._gqa(first, heads, n_kv), out=out[:first])
-        for a, b, sp in prompts:
-            fa.attention_prefill(qr[a:b], sp.cache, layer, int(sp.start), out[a:b])
+        for a, b, sp, i in prompts:  # start and cache from the window table (graph replays)
+            fa.attention_prefill_window(qr[a:b], self._win, n, i, layer, sp.cache, int(sp.start), out[a:b])
             if q8 is not None:
                 mm.quantize_q8_1(out[a:b], mm.Q8Buffer(q8.q[a:b], q8.meta[a:b], q8.s[a:b], b - a, q8.k))
         return out
@@ -604,9 +616,16 @@ class CudaBackend(Backend):
         window (the plan's sort allocates: never while a graph is captured), many pairs."""
         mm = self._mmvq
         n_expert = int(ws[0].blocks.shape[0])
-        return (self.grouped and not self.capturing and ids.ndim == 2
-                and all(w.native and w.type_id not in mm.FLOAT_TYPES and w.blocks.shape[0] == n_expert for w in ws)
-                and ids.size >= GROUPED_PAIRS_PER_EXPERT * n_expert)
+        if not (self.grouped and ids.ndim == 2 and ids.size >= GROUPED_PAIRS_PER_EXPERT * n_expert
+                and all(w.native and w.type_id not in mm.FLOAT_TYPES and w.blocks.shape[0] == n_expert for w in ws)):
+            return False
+        if self.capturing:
+            from strata.backend.cuda_graphs import MAX_GRAPH_TOKENS
+
+            if self._win_n <= MAX_GRAPH_TOKENS:  # a decode window: one pass per pair, the same bits
+                return False
+            self.capture_blockers.add("grouped experts")  # a wide window: grouped, and kept eager
+        return True
 
     def _experts_grouped(self, w: CudaExperts, x: Any, ids: Any) -> Any:
         """x (n, in) shared by a token's experts or (n, k, in) one row per pair -> (n, k, out)."""

@@ -15,21 +15,37 @@ exactly what the capture will ask for, so no memory is allocated during capture,
 array outside the graphs is ever handed memory a graph writes. Graphs share that pool: they
 run one at a time on one stream and each replay's output is copied out before the next.
 
+Wide windows (a prompt's chunk, up to STRATA_CUDA_WIDE_GRAPH_TOKENS tokens) are graphed too, on
+a shape's second sighting (a one-off prompt length never pays a capture) and at most
+MAX_WIDE_GRAPHS of them, the least recently replayed dropped first (their buffers are large).
+Their prompt rows read where the prompt starts and which cache it fills from the window table
+(attention_prefill_window), so a full chunk's graph serves every long prompt of any slot. A
+window whose warm-up needed something a graph cannot hold (cuBLAS for a long prompt's GEMM
+rows, the grouped experts' plan, a host upload: CudaBackend.capture_blockers) keeps that shape
+eager, silently: that is the path it always took.
+
 STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 GRAPHS_ENV = "STRATA_CUDA_GRAPHS"
-# Windows of up to this many tokens replay graphs: decode and MTP verification windows of up
-# to 8 slots x (1 + 7 drafts) would be 64; prefill chunks are long and run eagerly.
-MAX_GRAPH_TOKENS = 64  # (within graphs, wide windows take MMVQ launches: cuBLAS is not capturable)
+# Windows of up to this many tokens are graphed at first sight: decode and MTP verification
+# windows of up to 8 slots x (1 + 7 drafts) would be 64.
+MAX_GRAPH_TOKENS = 64
+# Wide windows up to this many tokens may be graphed (prefill chunks: a --prefill 512 budget's
+# full chunk); 0 turns that off.
+WIDE_GRAPH_TOKENS_ENV = "STRATA_CUDA_WIDE_GRAPH_TOKENS"
+WIDE_GRAPH_TOKENS = 1024
+MAX_WIDE_GRAPHS = 4
 
 
 @dataclass
@@ -61,13 +77,19 @@ class WindowGraphs:
         self.pool = cp.cuda.MemoryPool()
         self.graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, that shape runs eagerly
         self.replays = 0
+        self.wide_tokens = int(os.environ.get(WIDE_GRAPH_TOKENS_ENV, WIDE_GRAPH_TOKENS))
+        self.wide_seen: set[tuple] = set()  # wide shapes seen once (captured when seen again)
+        self.wide: OrderedDict[tuple, None] = OrderedDict()  # wide graphs held, least recent first
+        self.kept_eager: list[tuple[int, tuple[str, ...]]] = []  # (tokens, blockers) of shapes kept eager
         self.failures: list[str] = []  # one line per failed capture (also written to stderr)
 
-    def takes(self, spans: Sequence[Any]) -> bool:
+    def takes(self, spans: Sequence[Any], wide: bool = False) -> bool:
+        """Whether a window of these spans runs through the graphs. wide: the caller's window
+        may be a prompt's chunk (the main model's forward); the draft's steps keep to decode
+        sizes."""
         n = sum(int(sp.count) for sp in spans)
-        # long prompts' rows take cuBLAS, which is not capturable: such windows run eagerly
-        return (0 < n <= MAX_GRAPH_TOKENS and self.b._cuda_caches(spans)
-                and not any(getattr(sp, "long_prompt", False) for sp in spans))
+        limit = max(MAX_GRAPH_TOKENS, self.wide_tokens) if wide else MAX_GRAPH_TOKENS
+        return 0 < n <= limit and self.b._cuda_caches(spans)
 
     def run(self, model: Any, tokens: Any, spans: Sequence[Any], logit_rows: Any = None) -> Any:
         """The main model's window as Transformer.forward returns it: final-normed hidden
@@ -107,15 +129,24 @@ class WindowGraphs:
             parts.append((off, len(t), b.splits_for(w)))
             off += len(t)
         shapes = tuple((k, v.shape, str(v.dtype)) for k, v in inputs.items())
-        key = (owner, shapes, tuple(len(w) for w in windows), tuple(p[2] for p in parts), spans[0].cache.kind)
+        key = (owner, shapes, tuple(len(w) for w in windows), tuple(p[2] for p in parts), spans[0].cache.kind,
+               tuple(b.prompt_layout(w) for w in windows))
+        wide = sum(int(sp.count) for sp in spans) > MAX_GRAPH_TOKENS
         with self.stream:
             if key not in self.graphs:
+                if wide and key not in self.wide_seen:  # first sighting: eager, remembered
+                    self.wide_seen.add(key)
+                    return self._eager(window, inputs, table, parts)
                 g, outs = self._capture(window, inputs, spans, table, parts)
                 self.graphs[key] = g
+                if wide and g is not None:
+                    self._hold_wide(key)
                 return outs
             g = self.graphs[key]
             if g is None:
                 return self._eager(window, inputs, table, parts)
+            if wide:
+                self.wide.move_to_end(key)
             for k, v in inputs.items():
                 if k in g.packed_names:
                     continue
@@ -128,6 +159,14 @@ class WindowGraphs:
             self.replays += 1
             lend = borrow + (False,) * (len(g.outputs) - len(borrow))
             return tuple(o if keep else o.copy() for o, keep in zip(g.outputs, lend))
+
+    def _hold_wide(self, key: tuple) -> None:
+        """Keep the new wide graph; past MAX_WIDE_GRAPHS drop the least recently replayed (its
+        shape is captured again if it returns: it is still marked seen)."""
+        self.wide[key] = None
+        while len(self.wide) > MAX_WIDE_GRAPHS:
+            old, _ = self.wide.popitem(last=False)
+            del self.graphs[old]
 
     def _capture(self, window, inputs: dict[str, Any], spans: Sequence[Any], table: Any, parts: list):
         cp, b = self.b.xp, self.b
@@ -143,12 +182,16 @@ class WindowGraphs:
             else:
                 static[k] = cp.array(v)
         b._win_static, b._win_next, b.capturing = (win, parts), 0, True
+        b.capture_blockers = set()
         try:
             with cp.cuda.using_allocator(self.pool.malloc):
                 warm = window(static)  # the real result, and the pool's blocks
             outs = tuple(o.copy() for o in warm)  # outside the pool: the caller keeps them
             del warm
             b._q8_memo = None  # would pin a pool block the capture expects free
+            if b.capture_blockers:  # this shape takes a path no graph holds: it stays eager
+                self.kept_eager.append((sum(int(sp.count) for sp in spans), tuple(sorted(b.capture_blockers))))
+                return None, outs
             try:
                 b._win_next = 0
                 with cp.cuda.using_allocator(self.pool.malloc):

@@ -202,7 +202,7 @@ class Transformer:
         b = self.b
         reserve(spans)
         graphs = getattr(b, "graphs", None)
-        if graphs is not None and graphs.takes(spans):
+        if graphs is not None and graphs.takes(spans, wide=True):
             out = graphs.run(self, tokens, spans, logit_rows)
         else:
             out = self.run_window(b.embed(self.embd, tokens), spans)

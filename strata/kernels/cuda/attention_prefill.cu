@@ -240,7 +240,24 @@ __device__ __forceinline__ void attention_prefill_impl(const float* __restrict__
              long long cap, long long p0, int m, int n_head, int n_kv, float qscale) {                     \
         attention_prefill_impl<D, INT8>(q, out, K, V, KS, VS, cap, p0, m, n_head, n_kv, qscale);          \
     }
+// The same for span `span` of a window table (fused.cu has its layout: win[2n + 3s] is the span's
+// first position, win[2n + 3s + 2] its cache table): what differs between two windows of one
+// shape (where the prompt starts, which sequence's cache) is read on the device, so a CUDA
+// graph of a prompt's window replays for any start and any slot. The span's rows are q's m.
+#define ATTENTION_PREFILL_WINDOW(NAME, D, INT8)                                                              \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                            \
+        NAME(const float* __restrict__ q, float* __restrict__ out, const long long* __restrict__ win,       \
+             int n, int span, int layer, int m, int n_head, int n_kv, float qscale) {                       \
+        const long long* tab = (const long long*)win[2 * n + 3 * span + 2];                                \
+        attention_prefill_impl<D, INT8>(q, out, (const void*)tab[1 + 4 * layer], (const void*)tab[2 + 4 * layer], \
+                                        (const float*)tab[3 + 4 * layer], (const float*)tab[4 + 4 * layer],  \
+                                        tab[0], win[2 * n + 3 * span], m, n_head, n_kv, qscale);             \
+    }
 ATTENTION_PREFILL(attention_prefill_f16_64, 64, false)
 ATTENTION_PREFILL(attention_prefill_i8_64, 64, true)
 ATTENTION_PREFILL(attention_prefill_f16_128, 128, false)
 ATTENTION_PREFILL(attention_prefill_i8_128, 128, true)
+ATTENTION_PREFILL_WINDOW(attention_prefill_window_f16_64, 64, false)
+ATTENTION_PREFILL_WINDOW(attention_prefill_window_i8_64, 64, true)
+ATTENTION_PREFILL_WINDOW(attention_prefill_window_f16_128, 128, false)
+ATTENTION_PREFILL_WINDOW(attention_prefill_window_i8_128, 128, true)
