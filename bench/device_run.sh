@@ -1348,6 +1348,17 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18d)  # prompt GEMMs on Strata's own cuBLAS handle (capturable): prefill and window tests; dense-8b pp512 new vs
+       # session start (.gl/base), twice interleaved
+  timeout 250 python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py -k "not batch_mtp and not draft" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['dense-8b'], '/tmp/dense-8b', progress=lambda s: None)"
+  for v in new base new base; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
+  done
+  ;;
 s18c)  # the test model's decode at B=1, 128 tokens: new / new with wide graphs off / session start, three rounds
   for r in 1 2 3; do for v in new new0 base; do
     e=STRATA_X=1; [ $v = new0 ] && e=STRATA_CUDA_WIDE_GRAPH_TOKENS=0

@@ -355,18 +355,30 @@ def test_head_rows_never_take_the_prompt_path(tmp_path, monkeypatch):
     assert same(logits, model.logits(hidden))  # after the window: no prompt rows, plain MMVQ
 
 
-@pytest.mark.parametrize("arch,kind,blocker", [("llama", "f16", None), ("llama", "int8", None),
-                                               ("llama", "f16", "prompt GEMM (cuBLAS)"),
-                                               ("qwen3moe", "f16", "grouped experts")])
-def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, blocker, monkeypatch):
+@pytest.mark.parametrize("arch,kind,case", [("llama", "f16", "mmvq"), ("llama", "int8", "mmvq"),
+                                            ("llama", "f16", "gemm"), ("llama", "f16", "gemm, CuPy's cuBLAS"),
+                                            ("qwen3moe", "f16", "grouped experts")])
+def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, case, monkeypatch):
     """Prompt chunks wider than a decode window are graphed on their second sighting, and the
     replay reads where the chunk starts and which cache it fills from the window table: three
     sequences' long prompts in chunks of 256 (at 0) and 300 (at 256) give the graphs-off bits,
-    the first sequence's eagerly, the second's captured, the third's replayed. A pack whose
-    prompt rows take the GEMM (weight floor 0) or the grouped experts keeps those shapes eager
-    (said in kept_eager, nothing on stderr), with the same bits."""
-    if blocker == "prompt GEMM (cuBLAS)":
+    the first sequence's eagerly, the second's captured, the third's replayed. Their rows on
+    the GEMM path (weight floor 0) are captured too, through Strata's own cuBLAS handle; with
+    CuPy's wrapper instead (which refuses capture), or with the grouped experts, those shapes
+    stay eager (said in kept_eager, nothing on stderr), with the same bits."""
+    from strata.backend import cuda_prefill
+
+    blocker = {"gemm, CuPy's cuBLAS": "prompt GEMM (cuBLAS)", "grouped experts": "grouped experts"}.get(case)
+    if case.startswith("gemm"):
         monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
+    if case == "gemm, CuPy's cuBLAS":
+        init = cuda_prefill.PrefillPath.__init__
+
+        def without_own_handle(self, *a, **k):
+            init(self, *a, **k)
+            self._blas, self.capturable = None, False
+
+        monkeypatch.setattr(cuda_prefill.PrefillPath, "__init__", without_own_handle)
     path = synth_for_gpu(tmp_path, arch)
     graphed = CudaBackend(fused=True)
     eager = CudaBackend(fused=True)
@@ -381,6 +393,8 @@ def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, blocker, mo
     for i, (a, b) in enumerate(zip(got, ref)):
         assert np.array_equal(a, b), f"window {i}: differs from the graphs-off window"
     g = graphed.graphs
+    if case == "gemm":
+        assert graphed._prefill is not None and graphed._prefill.capturable  # the GEMM rows did run
     if blocker is None:
         assert len(g.wide) == 2 and g.replays >= 2 and not g.kept_eager
     else:

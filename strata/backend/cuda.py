@@ -349,7 +349,7 @@ class CudaBackend(Backend):
     def _run_prompt_rows(self, p: _Part, x: Any, q8: Any, out: Any) -> Any:
         """A window with long-prompt rows: those rows through dequant + GEMM in fixed row tiles,
         the others (decode rows, short prompts) through MMVQ as in any window."""
-        if self.capturing:  # the warm-up of a window the runner then keeps eager
+        if self.capturing and not self._prefill_path().capturable:  # the runner then keeps it eager
             self.capture_blockers.add("prompt GEMM (cuBLAS)")
         mm = self._mmvq
         n = x.shape[0]

@@ -49,6 +49,12 @@ class PrefillPath:
         self._alpha = np.ones(1, dtype=np.float32)  # host scalars for cublasGemmEx (host pointer mode)
         self._beta = np.zeros(1, dtype=np.float32)
         self._alpha_ptr, self._beta_ptr = self._alpha.ctypes.data, self._beta.ctypes.data
+        from strata.backend import cublas_gemm
+
+        # Strata's own cuBLAS handle (capturable: backend/cublas_gemm.py); None: CuPy's wrapper,
+        # and windows with GEMM rows stay eager
+        self._blas = cublas_gemm.load(cupy)
+        self.capturable = self._blas is not None
 
     def tile_rows(self, rows: int, k: int) -> int:
         return max(1, min(rows, self.scratch_bytes // (2 * k)))
@@ -117,10 +123,16 @@ class PrefillPath:
     def _gemm(self, w16, x16, out, r0: int, m: int, k: int) -> None:
         """out[:, r0:r0+m] = x16 @ w16.T with float32 accumulation. Column-major view: out^T
         (rows x n, ld rows) = W (m x k, stored as k x m: op T) times x^T (k x n, ld k).
-        CuPy's cuBLAS wrappers refuse to run during stream capture: not graph-capturable."""
+        On Strata's own handle where it loaded (capturable), else through CuPy's wrapper
+        (which refuses to run during stream capture)."""
+        n, rows = out.shape
+        if self._blas is not None:
+            self._blas.gemm_ex(_OP_T, _OP_N, m, n, k, self._alpha_ptr, w16.data.ptr, _R_16F, k,
+                               x16.data.ptr, _R_16F, k, self._beta_ptr, out.data.ptr + 4 * r0, _R_32F, rows,
+                               _COMPUTE_32F, _GEMM_DEFAULT)
+            return
         from cupy.cuda import cublas
 
-        n, rows = out.shape
         handle = self.cp.cuda.device.get_cublas_handle()
         mode = cublas.getPointerMode(handle)
         if mode != _POINTER_MODE_HOST:
