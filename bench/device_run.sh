@@ -1348,6 +1348,42 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18g)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main lacks] Nsight Compute: mmq_grouped<IQ3_S> against mmvq_grouped<IQ3_S> at seed-moe's gate (bench_mmq's first row)
+  for kn in mmq_grouped mmvq_grouped; do
+    timeout 200 ncu --clock-control none -k regex:$kn -c 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        python3 bench/bench_mmq.py --runs 1 > $OUT/ncu_$kn.txt 2>&1
+    grep -E "Duration|Throughput|Warp Cycles Per Issued|Issued Warp|Eligible|Active Warps|Achieved Occupancy|Theoretical Occ|Block Limit|Registers|Stall|No Eligible|One or More|Shared Memory Configuration|Dynamic Shared|L1/TEX Hit|L2 Hit|Bank" $OUT/ncu_$kn.txt | head -60 | sed "s/^/[$kn] /"
+  done
+  ;;
+s18f)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main lacks] mmq_grouped staging its weight blocks through shared memory; the capture with GC off: MMQ tests,
+       # bench_mmq, the window tests of s18e; seed-moe-full pp512 new vs session start
+  timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or grouped" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  timeout 120 python3 bench/bench_mmq.py 2>&1 | tee $OUT/mmq.log | grep -v "^Traceback\|^  File\|^    "
+  timeout 200 python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
+  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests_window.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  for v in new base; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
+  done
+  ;;
+s18e)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main lacks] prompt experts on int8 tensor cores (mmq_grouped): the MMVQ tests (chunk_acc refactored) and the MMQ
+       # test; bench_mmq at seed-moe's shapes; window tests; seed-moe-full pp512 new vs session start
+  timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  timeout 120 python3 bench/bench_mmq.py 2>&1 | tee $OUT/mmq.log
+  timeout 200 python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
+  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )" $OUT/tests_window.log | head -20
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
+  for v in new base; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
+  done
+  ;;
 s18d)  # prompt GEMMs on Strata's own cuBLAS handle (capturable): prefill and window tests; dense-8b pp512 new vs
        # session start (.gl/base), twice interleaved
   timeout 250 python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py -k "not batch_mtp and not draft" > $OUT/tests.log 2>&1

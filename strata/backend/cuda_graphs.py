@@ -29,6 +29,7 @@ STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections import OrderedDict
@@ -192,6 +193,11 @@ class WindowGraphs:
             if b.capture_blockers:  # this shape takes a path no graph holds: it stays eager
                 self.kept_eager.append((sum(int(sp.count) for sp in spans), tuple(sorted(b.capture_blockers))))
                 return None, outs
+            # no garbage collection inside the capture: collecting an earlier backend's graphs or
+            # memory pool frees device memory (cudaFree), which invalidates a capture (the likely
+            # cause of one capture in a test run on the H200 that failed with "capture invalidated")
+            collecting = gc.isenabled()
+            gc.disable()
             try:
                 b._win_next = 0
                 with cp.cuda.using_allocator(self.pool.malloc):
@@ -209,6 +215,8 @@ class WindowGraphs:
                 return None, outs
             finally:
                 b._q8_memo = None
+                if collecting:
+                    gc.enable()
         finally:
             b._win_static, b.capturing = None, False
         return _Graph(graph, static, gouts, packed, names), outs
