@@ -1348,6 +1348,14 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18h)  # the final tree (main): every GPU test file the session's changes touch, and the window tests in the
+       # order whose capture failed in s18e (GC now off during captures)
+  timeout 420 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_prefill.py tests/test_cuda_attention_prefill.py \
+      tests/test_cuda_env_knobs.py tests/test_cuda_backend.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests.log | head -20
+  timeout 150 python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
+  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests_window.log | head -20
+  ;;
 s18g)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main lacks] Nsight Compute: mmq_grouped<IQ3_S> against mmvq_grouped<IQ3_S> at seed-moe's gate (bench_mmq's first row)
   for kn in mmq_grouped mmvq_grouped; do
     timeout 200 ncu --clock-control none -k regex:$kn -c 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
