@@ -1348,6 +1348,16 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18i)  # the test model's first half to /tmp (s18j joins it)
+  cp .models/tm.part1 /tmp/tm.part1; ls -la /tmp/tm.part1
+  ;;
+s18j)  # the final tree on the test model: decode B=1/2/4/8 and pp512 new vs session start, interleaved twice
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  for v in new base new base; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --tokens 64 --runs 3 2>&1 \
+        | tee -a $OUT/engine.log | grep -E "^\| graphs \|" | sed "s/^/[$v] tm /"
+  done
+  ;;
 s18h)  # the final tree (main): every GPU test file the session's changes touch, and the window tests in the
        # order whose capture failed in s18e (GC now off during captures)
   timeout 420 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_prefill.py tests/test_cuda_attention_prefill.py \
