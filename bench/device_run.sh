@@ -1348,6 +1348,13 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18k)  # the test model's decode at B=4 and B=8: new / new with wide graphs off / session start, three rounds
+  for r in 1 2 3; do for v in new new0 base; do
+    e=STRATA_X=1; [ $v = new0 ] && e=STRATA_CUDA_WIDE_GRAPH_TOKENS=0
+    env $e timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --batches 4,8 --tokens 64 --runs 5 --prompt 64 2>&1 \
+        | grep -E "B=[48]:" | tr '\n' ' ' | sed "s/^/[$v] tm /"; echo
+  done; done
+  ;;
 s18i)  # the test model's first half to /tmp (s18j joins it)
   cp .models/tm.part1 /tmp/tm.part1; ls -la /tmp/tm.part1
   ;;
