@@ -612,8 +612,9 @@ class CudaBackend(Backend):
         return mm.mmvq_experts_pair(w1.type_id, w1.blocks, w2.type_id, w2.blocks, ids, q8)
 
     def _grouped(self, ids: Any, *ws: CudaExperts) -> bool:
-        """Whether these experts run grouped by expert: quantized native weights, an eager
-        window (the plan's sort allocates: never while a graph is captured), many pairs."""
+        """Whether these experts run grouped by expert: quantized native weights, many pairs.
+        Not inside a decode window's graph (one pass per pair there: the same bits); a wide
+        window that takes it is kept eager (its plan is built per window)."""
         mm = self._mmvq
         n_expert = int(ws[0].blocks.shape[0])
         if not (self.grouped and ids.ndim == 2 and ids.size >= GROUPED_PAIRS_PER_EXPERT * n_expert
