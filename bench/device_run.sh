@@ -1348,6 +1348,14 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s18l)  # the grouped MoE kernel with 8 codebook copies for the IQ3 types (GROUP_BANKS, removed after the run: S18-11): grouped tests with it;
+       # bench_experts_grouped off / on, three rounds
+  STRATA_MMVQ_GROUP_BANKS=1 timeout 150 python3 -m pytest -q tests/test_cuda_mmvq.py -k "grouped" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
+  for r in 1 2 3; do for gb in 0 1; do
+    STRATA_MMVQ_GROUP_BANKS=$gb timeout 60 python3 bench/bench_experts_grouped.py 2>&1 | grep -E "^\| (gate|up|down)" | tr '\n' ' ' | sed "s/^/[banks $gb] /"; echo
+  done; done
+  ;;
 s18k)  # the test model's decode at B=4 and B=8: new / new with wide graphs off / session start, three rounds
   for r in 1 2 3; do for v in new new0 base; do
     e=STRATA_X=1; [ $v = new0 ] && e=STRATA_CUDA_WIDE_GRAPH_TOKENS=0
