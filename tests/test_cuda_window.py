@@ -425,6 +425,26 @@ def test_wide_graphs_keep_the_most_recent(tmp_path, monkeypatch):
     assert g.replays >= 3
 
 
+def test_wide_windows_stay_eager_when_device_memory_is_short(tmp_path, monkeypatch):
+    """A wide window's second sighting is captured only while the device has
+    WIDE_GRAPH_MIN_FREE_BYTES free (the graph's pool would hold a prompt chunk's activations
+    beside CuPy's): with little free (simulated) that shape stays eager, said in kept_eager,
+    with the graphs-off bits; decode windows are graphed as before."""
+    path = synth_for_gpu(tmp_path, "llama")
+    graphed = CudaBackend(fused=True)
+    monkeypatch.setattr(graphed, "free_bytes", lambda: 1 << 20)
+    eager = CudaBackend(fused=True)
+    eager.graphs = None
+    rng = np.random.default_rng(23)
+    script = [[(s, rng.integers(0, 1024, 80))] for s in range(3)] + [[(0, [5])], [(0, [6])]]
+    got = _windows(_load(path, graphed), script, "f16")
+    ref = _windows(_load(path, eager), script, "f16")
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert np.array_equal(a, b), f"window {i}"
+    g = graphed.graphs
+    assert not g.wide and g.kept_eager == [(80, ("device memory",))] and g.replays >= 1
+
+
 def _batch_mtp_equals_plain(tmp_path, spec: int, lengths: tuple[int, int], tokens: int, seed: int,
                             extra: tuple[str, ...] = ()):
     """--batch-mtp at 4 slots on the seed-moe pack against plain decoding, greedy, 6 prompts of

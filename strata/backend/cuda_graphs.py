@@ -47,6 +47,10 @@ MAX_GRAPH_TOKENS = 64
 WIDE_GRAPH_TOKENS_ENV = "STRATA_CUDA_WIDE_GRAPH_TOKENS"
 WIDE_GRAPH_TOKENS = 1024
 MAX_WIDE_GRAPHS = 4
+# A wide window is captured only while the device has this much memory free: its graph keeps a
+# prompt chunk's activations in the graphs' pool beside the blocks its eager runs left in CuPy's
+# (a card filled by its pack and caches keeps its prompt chunks eager, as before graphs took them).
+WIDE_GRAPH_MIN_FREE_BYTES = 4 << 30
 
 
 @dataclass
@@ -137,6 +141,10 @@ class WindowGraphs:
             if key not in self.graphs:
                 if wide and key not in self.wide_seen:  # first sighting: eager, remembered
                     self.wide_seen.add(key)
+                    return self._eager(window, inputs, table, parts)
+                if wide and (b.free_bytes() or 0) < WIDE_GRAPH_MIN_FREE_BYTES:  # too little memory left
+                    self.graphs[key] = None
+                    self.kept_eager.append((sum(int(sp.count) for sp in spans), ("device memory",)))
                     return self._eager(window, inputs, table, parts)
                 g, outs = self._capture(window, inputs, spans, table, parts)
                 self.graphs[key] = g
