@@ -91,6 +91,22 @@ tm_decode() {
 }
 tm_joined_tests_decode() { tm_join_and_test; tm_decode "new base"; }
 
+# Session 18: the window tests that take prompt windows and graphs, in the order whose capture
+# once failed (S18-5); and pp512 (graphs mode) of the synthetic preset $1 under /tmp for each
+# label in $2 in turn.
+prompt_window_tests() {
+  timeout ${1:-200} python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
+  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests_window.log | head -20
+}
+pp512_vs() {
+  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
+synth_pack(PRESETS['$1'], '/tmp/$1', progress=lambda s: None)"
+  for v in $2; do
+    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/$1 --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
+        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
+  done
+}
+
 # The MMVQ table (bench_mmvq.py --types $2 --cols $3) for each label in $1.
 mmvq_vs() {
   for v in $1; do
@@ -1378,8 +1394,7 @@ s18h)  # the final tree (main): every GPU test file the session's changes touch,
   timeout 420 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_prefill.py tests/test_cuda_attention_prefill.py \
       tests/test_cuda_env_knobs.py tests/test_cuda_backend.py tests/test_cuda_prefill_host.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests.log | head -20
-  timeout 150 python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
-  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests_window.log | head -20
+  prompt_window_tests 150
   ;;
 s18g)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main lacks] Nsight Compute: mmq_grouped<IQ3_S> against mmvq_grouped<IQ3_S> at seed-moe's gate (bench_mmq's first row)
   for kn in mmq_grouped mmvq_grouped; do
@@ -1394,39 +1409,22 @@ s18f)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main la
   timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or grouped" > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   timeout 120 python3 bench/bench_mmq.py 2>&1 | tee $OUT/mmq.log | grep -v "^Traceback\|^  File\|^    "
-  timeout 200 python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
-  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests_window.log | head -20
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
-  for v in new base; do
-    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
-        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
-  done
+  prompt_window_tests
+  pp512_vs seed-moe-full "new base"
   ;;
 s18e)  # [ran on branch mmq-experiment, whose bench_mmq.py and mmq tests main lacks] prompt experts on int8 tensor cores (mmq_grouped): the MMVQ tests (chunk_acc refactored) and the MMQ
        # test; bench_mmq at seed-moe's shapes; window tests; seed-moe-full pp512 new vs session start
   timeout 300 python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   timeout 120 python3 bench/bench_mmq.py 2>&1 | tee $OUT/mmq.log
-  timeout 200 python3 -m pytest -q tests/test_cuda_window.py -k "long_prompt or invariance or wide or replay" > $OUT/tests_window.log 2>&1
-  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )" $OUT/tests_window.log | head -20
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-synth_pack(PRESETS['seed-moe-full'], '/tmp/seed-moe-full', progress=lambda s: None)"
-  for v in new base; do
-    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/seed-moe-full --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
-        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
-  done
+  prompt_window_tests
+  pp512_vs seed-moe-full "new base"
   ;;
 s18d)  # prompt GEMMs on Strata's own cuBLAS handle (capturable): prefill and window tests; dense-8b pp512 new vs
        # session start (.gl/base), twice interleaved
   timeout 250 python3 -m pytest -q tests/test_cuda_prefill.py tests/test_cuda_window.py -k "not batch_mtp and not draft" > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-synth_pack(PRESETS['dense-8b'], '/tmp/dense-8b', progress=lambda s: None)"
-  for v in new base new base; do
-    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/dense-8b --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
-        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
-  done
+  pp512_vs dense-8b "new base new base"
   ;;
 s18c)  # the test model's decode at B=1, 128 tokens: new / new with wide graphs off / session start, three rounds
   for r in 1 2 3; do for v in new new0 base; do
@@ -1440,12 +1438,7 @@ s18a)  # wide windows graphed (prompt chunks on a shape's second sighting): atte
   cp .models/tm.part1 /tmp/tm.part1
   timeout 280 python3 -m pytest -q tests/test_cuda_attention_prefill.py tests/test_cuda_window.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
-  python3 -c "from strata.pack.presets import PRESETS; from strata.pack.synth import synth_pack
-synth_pack(PRESETS['smollm'], '/tmp/smollm', progress=lambda s: None)"
-  for v in new base new base; do
-    timeout 100 python3 $(tree $v)/bench/bench_gpu_engine.py --pack /tmp/smollm --modes graphs --batches 1 --tokens 8 --runs 3 2>&1 \
-        | grep -E "pp512:|captured" | sed "s/^/[$v] /"
-  done
+  pp512_vs smollm "new base new base"
   ;;
 s18b)  # the test model joined: pp512 (and decode) new vs session start, twice; its GPU tests
   cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
