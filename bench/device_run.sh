@@ -1364,6 +1364,27 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s19c)  # wide windows with grouped experts graphed (their plan is one kernel): the plan / MMQ tests, every window
+       # test; seed-moe-full pp512 new vs session start, twice interleaved
+  timeout 120 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or plan or grouped" 2>&1 | tail -1
+  timeout 330 python3 -m pytest -q tests/test_cuda_window.py > $OUT/tests_window.log 2>&1
+  tail -1 $OUT/tests_window.log; grep -E "^(FAILED|E   )|capture of" $OUT/tests_window.log | head -20
+  pp512_vs seed-moe-full "new base new base"
+  ;;
+s19b)  # the same tree: the window tests (prompt experts through mmq_grouped on the qwen3moe pack), the free-memory
+       # guard test; seed-moe-full pp512 new vs session start, twice interleaved
+  prompt_window_tests
+  timeout 120 python3 -m pytest -q -rs tests/test_cuda_window.py -k "memory_is_short" 2>&1 | tail -2
+  pp512_vs seed-moe-full "new base new base"
+  ;;
+s19a)  # mmq_grouped with 32-column tiles and cp.async double buffers: MMQ and plan tests, session 18's untested
+       # free-memory guard test; bench_mmq at seed-moe's shapes; seed-moe-full pp512 new vs session start
+  timeout 200 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or plan or grouped" > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  timeout 120 python3 -m pytest -q tests/test_cuda_window.py -k "memory_is_short" 2>&1 | tail -1
+  timeout 120 python3 bench/bench_mmq.py 2>&1 | tee $OUT/mmq.log | grep -v "^  File\|^    "
+  pp512_vs seed-moe-full "new base"
+  ;;
 s18l)  # the grouped MoE kernel with 8 codebook copies for the IQ3 types (GROUP_BANKS, removed after the run: S18-11): grouped tests with it;
        # bench_experts_grouped off / on, three rounds
   STRATA_MMVQ_GROUP_BANKS=1 timeout 150 python3 -m pytest -q tests/test_cuda_mmvq.py -k "grouped" > $OUT/tests.log 2>&1

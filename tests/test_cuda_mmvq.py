@@ -22,7 +22,7 @@ cp = require_cuda()
 from strata.kernels import mmvq_numpy  # noqa: E402
 from strata.kernels.activation_quant import quantize_activations  # noqa: E402
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
-from strata.kernels.ggml_types import type_by_id  # noqa: E402
+from strata.kernels.ggml_types import BY_NAME, type_by_id  # noqa: E402
 from strata.kernels.random_blocks import random_blocks  # noqa: E402
 
 REL_BOUND = 2e-5
@@ -348,6 +348,62 @@ def test_experts_grouped_equals_one_pass_per_pair(type_id):
         np.testing.assert_array_equal(got[~bad], ref[~bad])
 
 
+QUANT_IDS = [t for t in TYPES if t in gpu.QUANT_TYPES]
+
+
+@pytest.mark.parametrize("type_id", QUANT_IDS, ids=[type_by_id(t).name for t in QUANT_IDS])
+def test_mmq_experts_match_mmvq_and_ignore_their_tile(type_id):
+    """Long prompts' experts on int8 tensor cores (mmq_grouped): every pair within float
+    rounding of the grouped MMVQ kernel (the same chunks and scales, summed in another order:
+    2e-6 relative per row measured on the H200), bad ids NaN; and a pair's row is the same bit
+    for bit when other tokens join the window and the tiles regroup (batch invariance), also
+    between a plan of MMQ_COLS columns a tile and one of GROUP_COLS, for tokens shared by their
+    experts and for a row per pair. 45 rows leave a partial row block; ~27 pairs an expert give
+    tiles of one to four column groups, and some experts two tiles."""
+    n_expert, rows, k, n, n_used = 5, 45, 1024, 45, 3
+    assert gpu.mmq_supports(type_id, k)
+    rng = _rng(type_id, 41)
+    w = cp.asarray(np.stack([random_blocks(type_id, rows, k, rng) for _ in range(n_expert)]))
+    ids = rng.integers(0, n_expert, (n, n_used)).astype(np.int32)
+    ids[4, 1] = n_expert + 2
+    more = rng.integers(0, n_expert, (13, n_used)).astype(np.int32)
+    ids_all = cp.asarray(np.concatenate([more[:6], ids, more[6:]]))  # the same pairs, other neighbours
+    bad = ~((ids >= 0) & (ids < n_expert)).reshape(-1)
+    for per_pair in (False, True):
+        per = n_used if per_pair else 1  # activation rows per token
+        xa = cp.asarray(_x(rng, (n + 13) * per, k))
+        q8 = gpu.quantize_q8_1(xa[6 * per : (6 + n) * per])  # quantized per row: the same rows in both
+        q8_all = gpu.quantize_q8_1(xa)
+        plan = gpu.expert_plan(cp.asarray(ids), n_expert, cols=gpu.MMQ_COLS)
+        plan_ref = gpu.expert_plan(cp.asarray(ids), n_expert)
+        plan_all = gpu.expert_plan(ids_all, n_expert)  # tiles of GROUP_COLS
+        cp.full(1 << 22, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
+        got = cp.asnumpy(gpu.mmq_experts_grouped(type_id, w, plan, q8, per_pair=per_pair))
+        ref = cp.asnumpy(gpu.mmvq_experts_grouped(type_id, w, plan_ref, q8, per_pair=per_pair))
+        alone = cp.asnumpy(gpu.mmq_experts_grouped(type_id, w, plan_all, q8_all, per_pair=per_pair))
+        alone = alone[6 * n_used : 6 * n_used + n * n_used]
+        assert np.isnan(got[bad]).all()
+        assert np.isfinite(got[~bad]).all(), f"unwritten outputs (seed {SEED})"
+        rel = np.linalg.norm(got[~bad] - ref[~bad], axis=1) / np.maximum(np.linalg.norm(ref[~bad], axis=1), 1e-30)
+        assert rel.max() < 2e-5, f"per_pair={per_pair}: max row error {rel.max():.3g} (seed {SEED})"
+        np.testing.assert_array_equal(alone[~bad], got[~bad])
+
+
+def test_mmq_takes_whole_steps_only():
+    """mmq_grouped walks k in steps of 4 chunks (8 for 256-weight blocks): 640 weights (seed-moe's
+    downs) suit Q2_0 and IQ4_NL, not Q4_K, whose experts then keep mmvq_grouped; a plan of
+    GROUP_COLS tiles is the only one mmvq_grouped takes."""
+    q2, nl, q4k = (BY_NAME[n].id for n in ("Q2_0", "IQ4_NL", "Q4_K"))
+    assert gpu.mmq_supports(q2, 640) and gpu.mmq_supports(nl, 640)
+    assert not gpu.mmq_supports(q4k, 640) and gpu.mmq_supports(q4k, 768)
+    assert not gpu.mmq_supports(BY_NAME["F16"].id, 1024)
+    ids = cp.asarray(np.zeros((4, 2), dtype=np.int32))
+    w = cp.zeros((1, 8, BY_NAME["Q2_0"].row_bytes(640)), dtype=cp.uint8)
+    q8 = gpu.quantize_q8_1(cp.zeros((4, 640), dtype=cp.float32))
+    with pytest.raises(ValueError, match="tiles of"):
+        gpu.mmvq_experts_grouped(q2, w, gpu.expert_plan(ids, 1, cols=gpu.MMQ_COLS), q8)
+
+
 def test_expert_plan_tiles_cover_every_pair_once():
     """The plan built on the device equals the host (numpy) plan tests/test_expert_plan.py checks:
     several chunks of the kernel's stable scatter, unused experts, bad ids, few and many experts."""
@@ -364,13 +420,14 @@ def test_expert_plan_tiles_cover_every_pair_once():
 
 
 def _check_plan(ids, n_expert, assert_plan_covers):
-    plan = gpu.expert_plan(cp.asarray(ids), n_expert)
-    host = gpu.expert_plan(ids, n_expert, xp=np)
-    used = int(cp.asnumpy(plan.n_tiles)[0])
-    assert_plan_covers(ids, n_expert, cp.asnumpy(plan.order), cp.asnumpy(plan.tiles), used, plan.max_tiles)
-    # the device builds it in one kernel (expert_plan_build); tiles past the used ones never run
-    assert used == int(host.n_tiles[0]) and np.array_equal(cp.asnumpy(plan.tiles)[:used], host.tiles[:used])
-    assert np.array_equal(cp.asnumpy(plan.order), host.order)
+    for cols in (gpu.GROUP_COLS, gpu.MMQ_COLS):
+        plan = gpu.expert_plan(cp.asarray(ids), n_expert, cols=cols)
+        host = gpu.expert_plan(ids, n_expert, xp=np, cols=cols)
+        used = int(cp.asnumpy(plan.n_tiles)[0])
+        assert_plan_covers(ids, n_expert, cp.asnumpy(plan.order), cp.asnumpy(plan.tiles), used, plan.max_tiles, cols)
+        # the device builds it in one kernel (expert_plan_build); tiles past the used ones never run
+        assert used == int(host.n_tiles[0]) and np.array_equal(cp.asnumpy(plan.tiles)[:used], host.tiles[:used])
+        assert np.array_equal(cp.asnumpy(plan.order), host.order)
 
 
 def test_more_columns_than_one_launch():

@@ -313,6 +313,8 @@ def test_long_prompt_rows_are_batch_invariant(tmp_path, arch, monkeypatch):
     assert np.array_equal(whole, chunked[0]), f"rows differ: {np.nonzero((whole != chunked[0]).any(1))[0]}"
     alone = _feed(model, [[(1, s1[:20])], [(1, s1[20:21])], [(1, s1[21:24])]])[1]
     assert np.array_equal(alone, chunked[1]), "short-prompt and decode rows changed beside a long prompt's"
+    if arch == "qwen3moe":  # its prompt rows' experts took the tensor-core kernel (mmq_grouped)
+        assert backend.expert_kernels["mmq_experts_grouped"] > 0
     mmvq_rows = _feed(model, [[(0, p, False)]])[0]
     # f16 vs Q8_1 activations through 2 layers of random weights (a sanity bound: a wrong GEMM
     # gives ~1); measured 0.03-0.052 on the qwen3moe pack, whose top-k routing amplifies rounding
@@ -363,12 +365,13 @@ def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, case, monke
     replay reads where the chunk starts and which cache it fills from the window table: three
     sequences' long prompts in chunks of 256 (at 0) and 300 (at 256) give the graphs-off bits,
     the first sequence's eagerly, the second's captured, the third's replayed. Their rows on
-    the GEMM path (weight floor 0) are captured too, through Strata's own cuBLAS handle; with
-    CuPy's wrapper instead (which refuses capture), or with the grouped experts, those shapes
+    the GEMM path (weight floor 0) are captured too, through Strata's own cuBLAS handle, and so
+    are an MoE's prompt rows, whose experts take mmq_grouped on a plan the graph rebuilds from
+    each window's ids; with CuPy's cuBLAS wrapper instead (which refuses capture) those shapes
     stay eager (said in kept_eager, nothing on stderr), with the same bits."""
     from strata.backend import cuda_prefill
 
-    blocker = {"gemm, CuPy's cuBLAS": "prompt GEMM (cuBLAS)", "grouped experts": "grouped experts"}.get(case)
+    blocker = {"gemm, CuPy's cuBLAS": "prompt GEMM (cuBLAS)"}.get(case)
     if case.startswith("gemm"):
         monkeypatch.setenv("STRATA_CUDA_PREFILL_MIN_WEIGHT", "0")
     if case == "gemm, CuPy's cuBLAS":
@@ -395,6 +398,8 @@ def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, case, monke
     g = graphed.graphs
     if case == "gemm":
         assert graphed._prefill is not None and graphed._prefill.capturable  # the GEMM rows did run
+    if case == "grouped experts":
+        assert graphed.expert_kernels["mmq_experts_grouped"] > 0
     if blocker is None:
         assert len(g.wide) == 2 and g.replays >= 2 and not g.kept_eager
     else:

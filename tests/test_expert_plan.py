@@ -15,8 +15,9 @@ def test_group_cols_match():
     assert mmvq.GROUP_COLS == GROUP_COLS
 
 
+@pytest.mark.parametrize("cols", [GROUP_COLS, mmvq.MMQ_COLS])
 @pytest.mark.parametrize("n,n_used,n_expert", [(200, 4, 16), (1, 8, 128), (512, 8, 128), (37, 2, 3)])
-def test_plan_tiles_cover_every_pair_once(n, n_used, n_expert):
+def test_plan_tiles_cover_every_pair_once(n, n_used, n_expert, cols):
     rng = np.random.default_rng(n * n_expert)
     ids = rng.integers(0, n_expert, (n, n_used)).astype(np.int32)
     if n_expert > 4:
@@ -24,9 +25,9 @@ def test_plan_tiles_cover_every_pair_once(n, n_used, n_expert):
     ids.reshape(-1)[:: max(1, ids.size // 3)] = -1  # bad ids: their own bucket (NaN rows on the GPU)
     if ids.size > 1:
         ids.reshape(-1)[1] = n_expert + 7
-    plan = mmvq.expert_plan(ids, n_expert, xp=np)
-    assert plan.pairs == n * n_used and plan.n_used == n_used
-    assert_plan_covers(ids, n_expert, plan.order, plan.tiles, int(plan.n_tiles[0]), plan.max_tiles)
+    plan = mmvq.expert_plan(ids, n_expert, xp=np, cols=cols)
+    assert plan.pairs == n * n_used and plan.n_used == n_used and plan.cols == cols
+    assert_plan_covers(ids, n_expert, plan.order, plan.tiles, int(plan.n_tiles[0]), plan.max_tiles, cols)
     # a pair's sorted position keeps pair order within its expert (the sort is stable)
     flat = ids.reshape(-1)
     bucket = np.where((flat >= 0) & (flat < n_expert), flat, n_expert)

@@ -23,6 +23,7 @@ long prompts' rows multiply large weights through dequant + cuBLAS GEMM in fixed
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -44,6 +45,7 @@ PREFILL_MIN_WEIGHT_ENV = "STRATA_CUDA_PREFILL_MIN_WEIGHT"  # tests move the floo
 PROMPT_TILE_ENV = "STRATA_CUDA_PROMPT_TILE"  # benchmarks try other row tiles
 SPLIT_ENV = "STRATA_CUDA_SPLIT_COLUMNS"  # small matrices' columns in parallel (mmvq.split_columns)
 PROMPT_ATTENTION_ENV = "STRATA_CUDA_PROMPT_ATTENTION"  # long prompts' attention on tensor cores
+PROMPT_EXPERTS_ENV = "STRATA_CUDA_PROMPT_EXPERTS"  # long prompts' experts on tensor cores (mmq_grouped)
 
 MAX_SPLITS = 64  # attention key splits per (head, token)
 ATT_COUNTERS = 1 << 16  # tokens x heads a window may have for attention_kv to merge its own splits
@@ -150,13 +152,16 @@ class CudaBackend(Backend):
         dropped = {type_by_name(n).id for n in (no_native or set())}
         self.native_types = set(mmvq.supported_types()) - dropped
         self._q8_memo: tuple[Any, Any] | None = None  # (activations, their Q8Buffer)
-        self._plan_memo: tuple[Any, Any] | None = None  # (expert ids, their mmvq.ExpertPlan)
+        # (expert ids, {row range: (its mmvq.ExpertPlan, its Q8 slices)}): gate, up and down share them
+        self._plan_memo: tuple[Any, dict] | None = None
         self._uploads: dict[int, tuple[Any, Any]] = {}  # id(source) -> (source, its blocks on the device)
         self._prefill = None  # cuda_prefill.PrefillPath, made at the first wide window
         self.capturing = False  # set by the graph runner while it warms up and captures a window
         # what made the window being warmed up uncapturable (cuBLAS, a host upload, the grouped
         # experts' plan): the runner then keeps that shape eager (cuda_graphs.WindowGraphs)
         self.capture_blockers: set[str] = set()
+        # calls of each grouped experts kernel (mmvq_experts_grouped, mmq_experts_grouped): tests and benchmarks
+        self.expert_kernels: Counter[str] = Counter()
         self.prefill = self.fused and env_switch(PREFILL_ENV)
         self.long_prompt_tokens = LONG_PROMPT_TOKENS if self.prefill else None
         self.prompt_gemm_min_weight = env_int(PREFILL_MIN_WEIGHT_ENV, PROMPT_GEMM_MIN_WEIGHT, 0)
@@ -169,6 +174,7 @@ class CudaBackend(Backend):
         self.prompt_attention = self.prefill and env_switch(PROMPT_ATTENTION_ENV)  # (attend)
         self._win_n = 0
         self.grouped = self.fused and env_switch(GROUPED_ENV)
+        self.prompt_experts = self.prefill and self.grouped and env_switch(PROMPT_EXPERTS_ENV)
         self.split_columns = env_switch(SPLIT_ENV)
         self.gqa_min_tokens = env_int(GQA_ENV, GQA_MIN_TOKENS, 1)  # benchmarks compare
         self.gqa_min_heads = GQA_MIN_HEADS
@@ -612,36 +618,80 @@ class CudaBackend(Backend):
         return mm.mmvq_experts_pair(w1.type_id, w1.blocks, w2.type_id, w2.blocks, ids, q8)
 
     def _grouped(self, ids: Any, *ws: CudaExperts) -> bool:
-        """Whether these experts run grouped by expert: quantized native weights, many pairs.
-        Not inside a decode window's graph (one pass per pair there: the same bits); a wide
-        window that takes it is kept eager (its plan is built per window)."""
+        """Whether these experts run grouped by expert: quantized native weights and many pairs,
+        or a window with long prompts' rows, whose pairs always take mmq_grouped (their bits
+        must not depend on the window's size). Not in a decode window's graph (one pass per
+        pair there, the same bits). A wide window's graph holds it (the plan is one kernel that
+        reads the window's ids), unless the plan takes CuPy's sort (thousands of experts)."""
         mm = self._mmvq
         n_expert = int(ws[0].blocks.shape[0])
-        if not (self.grouped and ids.ndim == 2 and ids.size >= GROUPED_PAIRS_PER_EXPERT * n_expert
+        if not (self.grouped and ids.ndim == 2
                 and all(w.native and w.type_id not in mm.FLOAT_TYPES and w.blocks.shape[0] == n_expert for w in ws)):
+            return False
+        prompt = bool(self._expert_prompt_rows(ids))
+        if not (prompt or ids.size >= GROUPED_PAIRS_PER_EXPERT * n_expert):
             return False
         if self.capturing:
             from strata.backend.cuda_graphs import MAX_GRAPH_TOKENS
 
-            if self._win_n <= MAX_GRAPH_TOKENS:  # a decode window: one pass per pair, the same bits
+            if self._win_n <= MAX_GRAPH_TOKENS and not prompt:
                 return False
-            self.capture_blockers.add("grouped experts")  # a wide window: grouped, and kept eager
+            if not mm.plan_in_one_launch(int(ids.size), n_expert):
+                self.capture_blockers.add("grouped experts (plan by CuPy's sort)")
         return True
 
+    def _expert_prompt_rows(self, ids: Any) -> list[tuple[int, int]]:
+        """The long prompts' row ranges of an experts call over the window's rows ([] when
+        their experts keep MMVQ, or the call is not over the window's rows)."""
+        return self._prompt_rows if self.prompt_experts and int(ids.shape[0]) == self._win_n else []
+
     def _experts_grouped(self, w: CudaExperts, x: Any, ids: Any) -> Any:
-        """x (n, in) shared by a token's experts or (n, k, in) one row per pair -> (n, k, out)."""
-        mm = self._mmvq
+        """x (n, in) shared by a token's experts or (n, k, in) one row per pair -> (n, k, out).
+        Long prompts' rows through mmq_grouped (tensor cores), the others through mmvq_grouped,
+        each range of rows on a plan of its own."""
+        mm, cp = self._mmvq, self.xp
         n, k = ids.shape
         n_expert = int(w.blocks.shape[0])
         memo = self._plan_memo
-        if memo is None or memo[0] is not ids or memo[1].n_expert != n_expert:
-            memo = (ids, mm.expert_plan(ids, n_expert))  # gate, up and down share one plan
+        if memo is None or memo[0] is not ids:
+            memo = (ids, {})  # gate, up and down share the plans
             self._plan_memo = memo
         q8 = self._memo(x)
         per_pair = x.ndim == 3
         if q8 is None:
             _, q8 = self._q8_for(x.reshape(n * k, -1) if per_pair else x)
-        out = mm.mmvq_experts_grouped(w.type_id, w.blocks, memo[1], q8, per_pair=per_pair)
+        prompts = self._expert_prompt_rows(ids)
+        ranges, a = [], 0
+        for r0, r1 in prompts + [(n, n)]:
+            if a < r0:
+                ranges.append((a, r0, False))
+            if r0 < r1:
+                ranges.append((r0, r1, True))
+            a = r1
+        out = None if len(ranges) == 1 else cp.empty((n * k, int(w.blocks.shape[1])), dtype=cp.float32)
+        for a, b, prompt in ranges:
+            # a type or length mmq_grouped does not take keeps mmvq_grouped (a fixed choice per matrix)
+            mmq = prompt and mm.mmq_supports(w.type_id, q8.k)
+            cols = mm.MMQ_COLS if mmq else mm.GROUP_COLS
+            entry = memo[1].get((a, b, n_expert, cols))
+            if entry is None:
+                plan = mm.expert_plan(ids if len(ranges) == 1 else ids[a:b], n_expert, cols=cols)
+                entry = memo[1][(a, b, n_expert, cols)] = (plan, {})
+            plan, slices = entry
+            part = q8
+            if len(ranges) > 1:  # this range's activation rows (views), the same object for gate and up
+                per = k if per_pair else 1
+                cached = slices.get(per_pair)
+                if cached is None or cached[0] is not q8:
+                    cached = slices[per_pair] = (q8, mm.Q8Buffer(q8.q[a * per : b * per], q8.meta[a * per : b * per],
+                                                                 q8.s[a * per : b * per], (b - a) * per, q8.k))
+                part = cached[1]
+            run = mm.mmq_experts_grouped if mmq else mm.mmvq_experts_grouped
+            self.expert_kernels[run.__name__] += 1
+            y = run(w.type_id, w.blocks, plan, part, per_pair=per_pair)
+            if out is None:
+                return y.reshape(n, k, -1)
+            out[a * k : b * k] = y
         return out.reshape(n, k, -1)
 
     def _prefill_path(self):

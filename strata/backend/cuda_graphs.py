@@ -21,7 +21,7 @@ MAX_WIDE_GRAPHS of them, the least recently replayed dropped first (their buffer
 Their prompt rows read where the prompt starts and which cache it fills from the window table
 (attention_prefill_window), so a full chunk's graph serves every long prompt of any slot. A
 window whose warm-up needed something a graph cannot hold (cuBLAS for a long prompt's GEMM
-rows, the grouped experts' plan, a host upload: CudaBackend.capture_blockers) keeps that shape
+rows, an experts' plan by CuPy's sort, a host upload: CudaBackend.capture_blockers) keeps that shape
 eager, silently: that is the path it always took.
 
 STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
@@ -197,7 +197,7 @@ class WindowGraphs:
                 warm = window(static)  # the real result, and the pool's blocks
             outs = tuple(o.copy() for o in warm)  # outside the pool: the caller keeps them
             del warm
-            b._q8_memo = None  # would pin a pool block the capture expects free
+            b._q8_memo = b._plan_memo = None  # would pin pool blocks the capture expects free
             if b.capture_blockers:  # this shape takes a path no graph holds: it stays eager
                 self.kept_eager.append((sum(int(sp.count) for sp in spans), tuple(sorted(b.capture_blockers))))
                 return None, outs
@@ -222,7 +222,7 @@ class WindowGraphs:
                 sys.stderr.write(line + "\n")
                 return None, outs
             finally:
-                b._q8_memo = None
+                b._q8_memo = b._plan_memo = None
                 if collecting:
                     gc.enable()
         finally:

@@ -41,7 +41,7 @@ def _mmvq_modules() -> list[ModuleSource]:
     # types and of one type), and mmvq_wide
     rare = []
     for t in m.QUANT_TYPES:
-        rare += [m._mmvq_name(t, 1, True, lean=True), m._mmvq_name(t, 1, True, 2), f"mmvq_grouped<{t}>"]
+        rare += [m._mmvq_name(t, 1, True, lean=True), m._mmvq_name(t, 1, True, 2), f"mmvq_grouped<{t}>", m._mmq_name(t)]
     iq3s, iq3xxs, q4k = (BY_NAME[n].id for n in ("IQ3_S", "IQ3_XXS", "Q4_K"))
     for a, b in ((iq3s, iq3xxs), (q4k, q4k)):
         rare += [f"mmvq_ids_pair<{a}, {b}>", f"mmvq_ids_pair<{a}, {b}, true>"]

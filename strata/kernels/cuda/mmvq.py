@@ -607,13 +607,15 @@ def mmvq_experts_pair(id1: int, w1_dev, id2: int, w2_dev, expert_ids_dev, q8: Q8
 
 # ------------------------------------------------------------------ experts grouped by expert
 GROUP_COLS = 8  # columns per tile of mmvq_grouped; must match mmvq_kernels.cuh
+MMQ_N8 = 4  # mmq_grouped<t, N8>'s groups of 8 columns: its decode is paid once per 32 columns
+MMQ_COLS = 8 * MMQ_N8  # columns per tile of the plans mmq_grouped runs on
 GROUP_ROW_BLOCKS = 4  # thread blocks sharing one tile's rows
 
 
 @dataclass
 class ExpertPlan:
-    """The (token, expert) pairs of a window sorted by expert, cut into tiles of at most
-    GROUP_COLS pairs of one expert (mmvq_grouped's grid). Made on the device from the ids
+    """The (token, expert) pairs of a window sorted by expert, cut into tiles of at most `cols`
+    pairs of one expert (the grid of mmvq_grouped: GROUP_COLS, or of mmq_grouped: MMQ_COLS). Made on the device from the ids
     (no host round trip); out-of-range ids form one more bucket, expert n_expert (NaN rows)."""
 
     order: object  # int64 (pairs,): sorted position -> pair index (pair = token * n_used + slot)
@@ -623,6 +625,7 @@ class ExpertPlan:
     pairs: int
     n_used: int
     n_expert: int
+    cols: int = GROUP_COLS
     # (q8, per_pair, gathered q, gathered meta): the last activations gathered in sorted order,
     # which an MoE's gate and up share (mmvq_experts_grouped)
     gathered: tuple | None = None
@@ -632,9 +635,16 @@ PLAN_THREADS = 256  # expert_plan_build's block; must match mmvq_kernels.cuh
 _PLAN_SMEM_MAX = 48 * 1024  # dynamic shared memory a launch gets unasked
 
 
-def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
-    """ids (ncols, n_used) int32 on the device -> the ExpertPlan of its pairs. xp: the array
-    module (CuPy unless given; numpy builds the same plan on the host, for tests)."""
+def plan_in_one_launch(pairs: int, n_expert: int) -> bool:
+    """Whether expert_plan builds the plan of this many pairs in one kernel (expert_plan_build),
+    which a CUDA graph can hold; else CuPy's array code (a sort), which a graph cannot."""
+    return 0 < pairs < 1 << 31 and (2 + PLAN_THREADS // 32) * (n_expert + 1) * 4 <= _PLAN_SMEM_MAX
+
+
+def expert_plan(expert_ids_dev, n_expert: int, xp=None, cols: int = GROUP_COLS) -> ExpertPlan:
+    """ids (ncols, n_used) int32 on the device -> the ExpertPlan of its pairs, tiles of at most
+    `cols` pairs. xp: the array module (CuPy unless given; numpy builds the same plan on the
+    host, for tests)."""
     cp = xp if xp is not None else _cp()
     ids = cp.asarray(expert_ids_dev, dtype=cp.int32)
     if ids.ndim != 2:
@@ -642,33 +652,33 @@ def expert_plan(expert_ids_dev, n_expert: int, xp=None) -> ExpertPlan:
     n_used = int(ids.shape[1])
     flat = ids.reshape(-1)
     pairs = int(flat.size)
-    max_tiles = -(-pairs // GROUP_COLS) + n_expert + 1  # each bucket wastes at most one tile
-    smem = (2 + PLAN_THREADS // 32) * (n_expert + 1) * 4
-    if xp is None and 0 < pairs < 1 << 31 and smem <= _PLAN_SMEM_MAX:
+    max_tiles = -(-pairs // cols) + n_expert + 1  # each bucket wastes at most one tile
+    if xp is None and plan_in_one_launch(pairs, n_expert):
+        smem = (2 + PLAN_THREADS // 32) * (n_expert + 1) * 4
         # one launch (mmvq_kernels.cuh, expert_plan_build): the same plan as the array code below
         flat = cp.ascontiguousarray(flat)
         order = cp.empty(pairs, dtype=cp.int64)
         tiles = cp.empty((max_tiles, 4), dtype=cp.int32)
         n_tiles = cp.empty(1, dtype=cp.int32)
         _plain_function("expert_plan_build")((1,), (PLAN_THREADS,), (
-            flat, np.int32(pairs), np.int32(n_expert), np.int32(max_tiles), order, tiles, n_tiles), shared_mem=smem)
-        return ExpertPlan(order, tiles, n_tiles, max_tiles, pairs, n_used, n_expert)
+            flat, np.int32(pairs), np.int32(n_expert), np.int32(max_tiles), order, tiles, n_tiles, np.int32(cols)), shared_mem=smem)
+        return ExpertPlan(order, tiles, n_tiles, max_tiles, pairs, n_used, n_expert, cols)
     bucket = cp.where((flat >= 0) & (flat < n_expert), flat, n_expert)
     # unique keys: the sort is stable whatever the algorithm (pairs of one expert stay in order)
     order = cp.argsort(bucket.astype(cp.int64) * max(1, pairs) + cp.arange(pairs, dtype=cp.int64))
     # bucket edges in the sorted ids (cupy's bincount checks its input on the host: a sync)
     edges = cp.searchsorted(bucket[order], cp.arange(n_expert + 2, dtype=cp.int32), side="left")
     starts, counts = edges[:-1], cp.diff(edges)
-    per = (counts + GROUP_COLS - 1) // GROUP_COLS
+    per = (counts + cols - 1) // cols
     ends = cp.cumsum(per)
     t = cp.arange(max_tiles, dtype=cp.int64)
     e = cp.minimum(cp.searchsorted(ends, t, side="right"), n_expert)  # tiles past the end: ignored
     j = t - (ends[e] - per[e])  # tile index within its expert
     tiles = cp.zeros((max_tiles, 4), dtype=cp.int32)
     tiles[:, 0] = e
-    tiles[:, 1] = starts[e] + j * GROUP_COLS
-    tiles[:, 2] = cp.minimum(GROUP_COLS, counts[e] - j * GROUP_COLS)
-    return ExpertPlan(order, tiles, ends[-1:].astype(cp.int32), max_tiles, pairs, n_used, n_expert)
+    tiles[:, 1] = starts[e] + j * cols
+    tiles[:, 2] = cp.minimum(cols, counts[e] - j * cols)
+    return ExpertPlan(order, tiles, ends[-1:].astype(cp.int32), max_tiles, pairs, n_used, n_expert, cols)
 
 
 def _grouped_function(type_id: int):
@@ -687,8 +697,9 @@ def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, pe
     w3 = cp.asarray(w_dev)
     n_expert, rows, row_bytes = w3.shape
     _check_matrix_bytes("mmvq experts", rows, row_bytes)
-    if n_expert != plan.n_expert:
-        raise ValueError(f"mmvq_experts_grouped: the plan is for {plan.n_expert} experts, the weights have {n_expert}")
+    if n_expert != plan.n_expert or plan.cols != GROUP_COLS:
+        raise ValueError(f"mmvq_experts_grouped: the plan is for {plan.n_expert} experts in tiles of {plan.cols}, "
+                         f"the weights have {n_expert} (tiles of {GROUP_COLS})")
     k = q8.k
     t, w = _weights(type_id, w3, k)
     if row_bytes != t.row_bytes(k):
@@ -712,14 +723,98 @@ def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, pe
     return out
 
 
+MMQ_ROWS_PER_BLOCK = 128  # mmq_grouped: MMQ_WARPS x MMQ_ROWS (mmvq_kernels.cuh)
+
+
+def _mmq_geometry(type_id: int) -> tuple[int, int]:
+    """(chunks a step, dynamic shared memory bytes) of mmq_grouped<type_id, MMQ_N8>: MmqGeo."""
+    t = type_by_id(type_id)
+    cpb = t.block_size // QK
+    sch = cpb if cpb >= 4 else 4
+    slot = (sch // cpb * t.type_size + 46) // 16 * 16
+    ncol = 8 * MMQ_N8
+    buf = MMQ_ROWS_PER_BLOCK * slot + ncol * (8 * sch + 4) * 4 + ncol * sch * 8
+    return sch, 2 * buf
+
+
+def mmq_supports(type_id: int, k: int) -> bool:
+    """Whether mmq_grouped takes rows of k weights of this type on this device: a quantized
+    type, whole steps of k, and its two buffers within the device's shared memory per block."""
+    if type_id not in QUANT_TYPES:
+        return False
+    sch, smem = _mmq_geometry(type_id)
+    if k % (QK * sch):
+        return False
+    return smem + 16 * 1024 <= _device_smem_optin()  # + the static tiles and codebook
+
+
+def _device_smem_optin() -> int:
+    cp = _cp()
+    return _smem_optin_of(cp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_optin_of(device: int) -> int:
+    """cudaDevAttrMaxSharedMemoryPerBlockOptin (97) of a device, asked once."""
+    return int(_cp().cuda.runtime.deviceGetAttribute(97, device))
+
+
+def mmq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, per_pair: bool = False):
+    """mmvq_experts_grouped's result on int8 tensor cores (mmq_grouped), on a plan of MMQ_COLS
+    columns a tile: the same chunks, scaled the same way, summed in chunk order instead of
+    MMVQ's lane order (other bits: for long prompts' rows only). A pair's row depends only on
+    its own activations, never on its tile. mmq_supports(type_id, k) must hold."""
+    cp = _cp()
+    if type_id in FLOAT_TYPES:
+        raise ValueError("mmq_experts_grouped: quantized weights only")
+    w3 = cp.asarray(w_dev)
+    n_expert, rows, row_bytes = w3.shape
+    _check_matrix_bytes("mmq experts", rows, row_bytes)
+    if n_expert != plan.n_expert or plan.cols > MMQ_COLS:
+        raise ValueError(f"mmq_experts_grouped: the plan is for {plan.n_expert} experts in tiles of {plan.cols}, "
+                         f"the weights have {n_expert} (tiles of at most {MMQ_COLS})")
+    k = q8.k
+    t, w = _weights(type_id, w3, k)
+    if row_bytes != t.row_bytes(k):
+        raise ValueError(f"mmq_experts_grouped: {t.name} rows are not {k} weights long")
+    if not mmq_supports(t.id, k):
+        raise ValueError(f"mmq_experts_grouped: {t.name} rows of {k} weights are not taken on this device")
+    want = plan.pairs if per_pair else plan.pairs // max(1, plan.n_used)
+    if q8.ncols != want:
+        raise ValueError(f"mmq_experts_grouped: {q8.ncols} activation columns, the plan needs {want}")
+    out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    if plan.pairs == 0:
+        return out
+    qg, mg = _gathered(plan, q8, per_pair)
+    _, smem = _mmq_geometry(t.id)
+    fn = _mmq_function(t.id, smem)
+    sorted_out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    fn((-(-rows // MMQ_ROWS_PER_BLOCK), plan.max_tiles), (128,), (
+        w, np.int64(rows * row_bytes), np.int32(n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
+        np.int32(row_bytes), np.int32(k), qg, mg, sorted_out), shared_mem=smem)
+    _plain_function("scatter_rows")((plan.pairs,), (128,), (sorted_out, plan.order, np.int32(rows), out))
+    return out
+
+
+def _mmq_name(type_id: int) -> str:
+    return f"mmq_grouped<{type_id}, {MMQ_N8}>"
+
+
+def _mmq_function(type_id: int, smem: int):
+    fn = _named_function(_mmq_name(type_id))
+    if fn.shared_size_bytes + smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem  # past the 48 KB a launch gets unasked
+    return fn
+
+
 def _gathered(plan: ExpertPlan, q8: Q8Buffer, per_pair: bool):
-    """q8's rows in the plan's sorted order, + GROUP_COLS zero rows a tile may read past its
+    """q8's rows in the plan's sorted order, + plan.cols zero rows a tile may read past its
     columns (not stored); made once for the gate and the up that read the same activations."""
     g = plan.gathered
     if g is not None and g[0] is q8 and g[1] == per_pair:
         return g[2], g[3]
     cp, k = _cp(), q8.k
-    total = plan.pairs + GROUP_COLS
+    total = plan.pairs + plan.cols
     qg = cp.empty((total, k), dtype=cp.int8)
     mg = cp.empty((total, k // QK, 2), dtype=cp.int32)
     q, meta = cp.ascontiguousarray(q8.q), cp.ascontiguousarray(q8.meta)

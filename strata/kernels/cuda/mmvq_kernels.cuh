@@ -145,37 +145,50 @@ __device__ __forceinline__ int planes_dot(const Chunk& r, const int4& a, const i
     return dp4a_us(r.q[7], c.w, dp4a_us(r.q[3], a.w, t * 4));
 }
 
-// acc + d * (the chunk's dot product with one column). Every rounding step is spelled out (no
-// contraction left to the compiler): the instances for 1..8 columns would otherwise fuse
-// multiply-adds differently (seen on Q2_K: 8 columns vs 1), and a row's bits must not depend
-// on how many columns share its launch.
-template <class T, int RAWF = RAW_NONE>
-__device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
+// acc + d * (a chunk's dot product with one column), from the chunk's integer dot products
+// (i: codes 0..15 with activation words a, then codes 16..31 with c; a one-scale type's i0 is
+// the whole sum and i1 is 0), its scales and mins (sc, mn: Chunk's) and the column's block m.
+// Every rounding step is spelled out (no contraction left to the compiler): the instances for
+// 1..8 columns would otherwise fuse multiply-adds differently (seen on Q2_K: 8 columns vs 1),
+// and a row's bits must not depend on how many columns share its launch. mmq_grouped (prompt
+// rows on tensor cores) scales its chunks through the same function.
+template <class T>
+__device__ __forceinline__ float chunk_float(float acc, int i0, int i1, const float (&sc)[2], const float (&mn)[2],
+                                             const QMeta& m) {
     const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
-    if constexpr (RAWF == RAW_PLANES) {
-        static_assert(OneScale<T::ID>::YES && !T::MIN, "RAW_PLANES: one scale, no min");
-        // the offset enters as the chain's start (times 64 with the rest): 64 (dot + IOFF s)
-        const int i = planes_dot(r, a, c, T::IOFF * (s0 + s1));
-        return __fmaf_rn(m.d, __fmul_rn(r.sc[0], (float)i), acc);
-    } else if constexpr (OneScale<T::ID>::YES) {
+    if constexpr (OneScale<T::ID>::YES) {
         // one scale for the 32 weights: one integer sum (codes in any order the activations
         // share), converted and scaled once
-        int i = dot4<RAWF, 4>(r, c, dot4<RAWF, 0>(r, a, 0));
+        int i = i0 + i1;
         const int s = s0 + s1;
         if (T::IOFF != 0) i += T::IOFF * s;
-        float f = __fmul_rn(r.sc[0], (float)i);
-        if (T::MIN) f = __fmaf_rn(r.mn[0], (float)s, f);
+        float f = __fmul_rn(sc[0], (float)i);
+        if (T::MIN) f = __fmaf_rn(mn[0], (float)s, f);
         return __fmaf_rn(m.d, f, acc);
     } else {
-        int i0 = dot4<RAWF, 0>(r, a, 0);
-        int i1 = dot4<RAWF, 4>(r, c, 0);
         if (T::IOFF != 0) {
             i0 += T::IOFF * s0;
             i1 += T::IOFF * s1;
         }
-        float f = __fmaf_rn(r.sc[1], (float)i1, __fmul_rn(r.sc[0], (float)i0));
-        if (T::MIN) f = __fmaf_rn(r.mn[1], (float)s1, __fmaf_rn(r.mn[0], (float)s0, f));
+        float f = __fmaf_rn(sc[1], (float)i1, __fmul_rn(sc[0], (float)i0));
+        if (T::MIN) f = __fmaf_rn(mn[1], (float)s1, __fmaf_rn(mn[0], (float)s0, f));
         return __fmaf_rn(m.d, f, acc);
+    }
+}
+
+// acc + d * (the chunk's dot product with one column), by dp4a (the MMVQ kernels).
+template <class T, int RAWF = RAW_NONE>
+__device__ __forceinline__ float chunk_acc(float acc, const Chunk& r, const int4& a, const int4& c, const QMeta& m) {
+    if constexpr (RAWF == RAW_PLANES) {
+        static_assert(OneScale<T::ID>::YES && !T::MIN, "RAW_PLANES: one scale, no min");
+        const int s0 = (int)(short)(m.sums & 0xFFFF), s1 = m.sums >> 16;
+        // the offset enters as the chain's start (times 64 with the rest): 64 (dot + IOFF s)
+        const int i = planes_dot(r, a, c, T::IOFF * (s0 + s1));
+        return __fmaf_rn(m.d, __fmul_rn(r.sc[0], (float)i), acc);
+    } else if constexpr (OneScale<T::ID>::YES) {
+        return chunk_float<T>(acc, dot4<RAWF, 4>(r, c, dot4<RAWF, 0>(r, a, 0)), 0, r.sc, r.mn, m);
+    } else {
+        return chunk_float<T>(acc, dot4<RAWF, 0>(r, a, 0), dot4<RAWF, 4>(r, c, 0), r.sc, r.mn, m);
     }
 }
 
@@ -625,16 +638,217 @@ __global__ void __launch_bounds__(WARPS * 32, GROUP_MIN_BLOCKS) mmvq_grouped(con
                                meta + (size_t)tile.y * (k / 32), o, rows, smem[threadIdx.x >> 5], tab, tile.z);
 }
 
+// Long prompts' expert rows on int8 tensor cores (mma.sync, sm_80+), a GEMM over the tiles of
+// an ExpertPlan made with MMQ_COLS columns a tile (an expert, <= 8 N8 sorted columns). A block
+// is MMQ_WARPS warps of MMQ_ROWS rows; k is walked in steps of SCH chunks (MmqGeo), each step's
+// weights (every warp its rows' bytes, aligned 16-byte pieces: such a piece never crosses a
+// page, so the bytes read around a row cannot fault) and activations (the tile's columns, then
+// permuted in place to the codes' order) copied by cp.async into one of two buffers while the
+// step before is computed. Per chunk of 32 weights every lane decodes one row's chunk (the MMVQ
+// decoders, plain codes) into a staged A tile; per 16 rows and 8 columns one m16n8k32 (one-scale
+// types) or two m16n8k16 (a scale per 16 weights) take the integer dot products, and each (row,
+// column) adds the chunk's chunk_float. The decode is paid once per 8 N8 columns where
+// mmvq_grouped pays it once per 8. Chunks are summed in order (0, 1, 2 ...) where MMVQ sums 32
+// interleaved chains and then its lanes: other bits, so the backend takes this kernel only for
+// long prompts' rows (the per-request rule of the prompt GEMM path); a column's result depends
+// only on its own activations, never on its tile or N8.
+#define MMQ_WARPS 4
+#define MMQ_ROWS 32  // rows per warp: two groups of 16 (mma's m), a lane decoding one row of one
+#define MMQ_AST 12   // words per staged code row: 32 bytes + 16 of padding (conflict-free fragments)
+
+__device__ __forceinline__ void mma_k32(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_k16(int (&c)[4], u32 a0, u32 a1, u32 b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// The step geometry of mmq_grouped<ID, N8>; mmvq.py's mmq_shared_bytes mirrors BYTES.
+template <class T, int N8> struct MmqGeo {
+    static constexpr int CPB = T::BS / 32;
+    static constexpr int SCH = CPB >= 4 ? CPB : 4;     // chunks a step (k must hold whole steps)
+    static constexpr int WB = SCH / CPB * T::TS;       // a row's weight bytes a step
+    static constexpr int SLOT = (WB + 15 + 16 + 15) / 16 * 16;  // + its offset in a piece + slack
+    static constexpr int NCOL = 8 * N8;
+    static constexpr int BSTW = 8 * SCH + 4;           // words a column a step: fragments conflict-free
+    static constexpr int WST = MMQ_WARPS * MMQ_ROWS * SLOT;       // bytes of one buffer's weights
+    static constexpr int BST = NCOL * BSTW * 4;                   // of its activations
+    static constexpr int MST = NCOL * SCH * 8;                    // of their blocks (QMeta)
+    static constexpr int BUF = WST + BST + MST;
+    static constexpr int BYTES = 2 * BUF;                         // dynamic shared memory
+};
+
+template <int ID, int N8>
+__global__ void __launch_bounds__(MMQ_WARPS * 32) mmq_grouped(const u8* __restrict__ w, long long expert_bytes,
+                                                         int n_expert, const int4* __restrict__ tiles,
+                                                         const int* __restrict__ n_tiles, int rows, int row_bytes,
+                                                         int k, const i8* __restrict__ q8,
+                                                         const QMeta* __restrict__ meta, float* __restrict__ out) {
+    typedef TypeOf<ID> T;
+    typedef MmqGeo<T, N8> G;
+    constexpr int CPB = G::CPB, SCH = G::SCH;
+    constexpr bool ONE = OneScale<ID>::YES;
+    __shared__ __align__(16) u32 tab[Banks<T, 8 * N8>::WORDS];
+    __shared__ __align__(16) u32 atile[MMQ_WARPS][2][16 * MMQ_AST];  // codes of a chunk: 2 groups x 16 rows
+    __shared__ __align__(16) float4 ascale[MMQ_WARPS][2][16];        // their sc[0], sc[1], mn[0], mn[1]
+    extern __shared__ __align__(16) u8 mmq_smem[];                    // 2 x (weights, activations, blocks)
+    allow_dependents();
+    wait_prior_grids();  // the tiles are a sort's output (pdl.cuh)
+    if ((int)blockIdx.y >= ld_global(after_wait(n_tiles))) return;  // uniform per block, before the barriers
+    const int4 tile = ld_global(after_wait(tiles) + blockIdx.y);  // (expert, first column, columns, -)
+    load_table<T, 8 * N8>(tab);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = (blockIdx.x * MMQ_WARPS + warp) * MMQ_ROWS;
+    float* o = out + (size_t)tile.y * rows;
+    if (tile.x < 0 || tile.x >= n_expert) {
+        if (lane == 0 && r0 < rows)
+            for (int j = 0; j < tile.z; ++j)
+                for (int row = r0; row < min(rows, r0 + MMQ_ROWS); ++row) o[(size_t)j * rows + row] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const int nch = k / 32, nsteps = nch / SCH;
+    const int ng = (tile.z + 7) >> 3;  // column groups in use (uniform per block)
+    const u8* wexp = w + (size_t)tile.x * expert_bytes;
+    const i8* qt = after_wait(q8) + (size_t)tile.y * k;
+    const QMeta* mt = after_wait(meta) + (size_t)tile.y * nch;
+    const u32 sbase = (u32)__cvta_generic_to_shared(mmq_smem);
+    // step s's copies into buffer s & 1: this warp's rows (rows past the matrix repeat its last
+    // row, not written), then the block's share of the columns and their blocks
+    auto issue = [&](int s) {
+        const u32 buf = sbase + (u32)((s & 1) * G::BUF);
+        constexpr int NP = G::SLOT / 16;
+        for (int i = lane; i < MMQ_ROWS * NP; i += 32) {
+            const int rr = i / NP, piece = i % NP;
+            const size_t g0 = (size_t)(wexp + (size_t)min(r0 + rr, rows - 1) * row_bytes) + (size_t)s * G::WB;
+            const size_t a0 = g0 & ~(size_t)15;
+            if (a0 + 16 * piece < g0 + G::WB)
+                cp_async16(buf + (u32)((warp * MMQ_ROWS + rr) * G::SLOT + 16 * piece), (const void*)(a0 + 16 * piece));
+        }
+        const u32 bbuf = buf + G::WST, mbuf = bbuf + G::BST;
+        constexpr int BP = SCH * 2, MP = SCH / 2;  // 16-byte pieces of a column's codes, of its blocks
+        for (int i = threadIdx.x; i < 8 * ng * BP; i += blockDim.x) {
+            const int j = i / BP, p = i % BP;
+            cp_async16(bbuf + (u32)(j * G::BSTW * 4 + 16 * p), qt + (size_t)j * k + (size_t)s * SCH * 32 + 16 * p);
+        }
+        for (int i = threadIdx.x; i < 8 * ng * MP; i += blockDim.x) {
+            const int j = i / MP, p = i % MP;
+            cp_async16(mbuf + (u32)(j * SCH * 8 + 16 * p), mt + (size_t)j * nch + (size_t)s * SCH + 2 * p);
+        }
+        cp_async_commit();
+    };
+    // decoding side: lane -> (group, row); fragment side: mma's group and thread in group
+    const int dg = lane >> 4, drow = lane & 15, myrow = 16 * dg + drow;
+    const size_t mybase = (size_t)(wexp + (size_t)min(r0 + myrow, rows - 1) * row_bytes);
+    const int g = lane >> 2, t = lane & 3;
+    u32* at = atile[warp][0];
+    float acc[2][N8][4];
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[q][n][e] = 0.0f;
+    issue(0);
+    for (int s = 0; s < nsteps; ++s) {
+        if (s + 1 < nsteps) {
+            issue(s + 1);
+            cp_async_wait<1>();  // step s has landed (this thread's copies)
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // and every thread's
+        u8* buf = mmq_smem + (s & 1) * G::BUF;
+        if constexpr (T::ORDER != WEIGHT_ORDER) {  // the step's columns to the codes' order (activation_order)
+            for (int i = threadIdx.x; i < 8 * ng * SCH; i += blockDim.x) {
+                int4* p = (int4*)(buf + G::WST + (i / SCH) * G::BSTW * 4 + (i % SCH) * 32);
+                int4 a = p[0], c = p[1];
+                activation_order<T::ORDER>(a, c);
+                p[0] = a;
+                p[1] = c;
+            }
+            __syncthreads();
+        }
+        const u8* wrow = buf + (warp * MMQ_ROWS + myrow) * G::SLOT + ((mybase + (size_t)s * G::WB) & 15);
+        const u32* bsm = (const u32*)(buf + G::WST);
+        const QMeta* msm = (const QMeta*)(buf + G::WST + G::BST);
+#pragma unroll 1
+        for (int cc = 0; cc < SCH; ++cc) {
+            Chunk ch;
+            T::template decode<Banks<T, 8 * N8>::N, false>(wrow + (cc / CPB) * T::TS, cc % CPB, ch, tab);
+            u32* dst = at + (dg * 16 + drow) * MMQ_AST;
+            *(int4*)dst = make_int4(ch.q[0], ch.q[1], ch.q[2], ch.q[3]);
+            *(int4*)(dst + 4) = make_int4(ch.q[4], ch.q[5], ch.q[6], ch.q[7]);
+            ascale[warp][dg][drow] = make_float4(ch.sc[0], ch.sc[1], ch.mn[0], ch.mn[1]);
+            __syncwarp();
+            u32 af[2][4];
+            float4 sr[2][2];  // scales of rows g and g + 8 of each group
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const u32* ar = at + q * 16 * MMQ_AST;
+                af[q][0] = ar[g * MMQ_AST + t];
+                af[q][1] = ar[(g + 8) * MMQ_AST + t];
+                af[q][2] = ar[g * MMQ_AST + 4 + t];
+                af[q][3] = ar[(g + 8) * MMQ_AST + 4 + t];
+                sr[q][0] = ascale[warp][q][g];
+                sr[q][1] = ascale[warp][q][g + 8];
+            }
+            __syncwarp();  // the staged tile is rewritten next chunk
+#pragma unroll
+            for (int n = 0; n < N8; ++n) {
+                if (n < ng) {
+                    // B fragments (column 8n + g; codes 4t..4t+3 and 16 + 4t..), shared by both row groups
+                    const u32* bc = bsm + (8 * n + g) * G::BSTW + 8 * cc;
+                    const u32 b0 = bc[t], b1 = bc[4 + t];
+                    const QMeta m0 = msm[(8 * n + 2 * t) * SCH + cc], m1 = msm[(8 * n + 2 * t + 1) * SCH + cc];
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                        if constexpr (ONE) {
+                            mma_k32(lo, af[q][0], af[q][1], af[q][2], af[q][3], b0, b1);
+                        } else {
+                            mma_k16(lo, af[q][0], af[q][1], b0);
+                            mma_k16(hi, af[q][2], af[q][3], b1);
+                        }
+                        // C: lo[0], lo[1] row g, columns 2t, 2t+1; lo[2], lo[3] row g + 8
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float4 s4 = sr[q][e >> 1];
+                            const float sc[2] = {s4.x, s4.y}, mn[2] = {s4.z, s4.w};
+                            acc[q][n][e] = chunk_float<T>(acc[q][n][e], lo[e], hi[e], sc, mn, (e & 1) ? m1 : m0);
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();  // buffer s & 1 is refilled by step s + 2's copies
+    }
+    if (r0 >= rows) return;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int n = 0; n < N8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = r0 + 16 * q + g + 8 * (e >> 1), col = 8 * n + 2 * t + (e & 1);
+                if (row < rows && col < tile.z) o[(size_t)col * rows + row] = acc[q][n][e];
+            }
+}
+
 // The plan mmvq_grouped runs on (mmvq.py, ExpertPlan), in one launch of one block: the pairs
-// (token, expert) sorted by expert by a stable counting sort, and tiles of at most GROUP_COLS
-// pairs of one expert. CuPy's array code for it took ~15 launches and ~1 ms of host time per
-// layer, which made a prefill window's host side slower than its GPU side. Bucket b < n_expert
+// (token, expert) sorted by expert by a stable counting sort, and tiles of at most `cols` pairs
+// of one expert (mmvq.py: GROUP_COLS for mmvq_grouped, MMQ_COLS for mmq_grouped). CuPy's array
+// code for it took ~15 launches and ~1 ms of host time per layer, which made a prefill window's
+// host side slower than its GPU side. Bucket b < n_expert
 // is expert b, bucket n_expert the out-of-range ids. Dynamic shared memory: (2 + PLAN_THREADS / 32)
 // * (n_expert + 1) ints (mmvq.py checks that they fit).
 #define PLAN_THREADS 256
 extern "C" __global__ void __launch_bounds__(PLAN_THREADS) expert_plan_build(
     const int* __restrict__ ids, int pairs, int n_expert, int max_tiles, long long* __restrict__ order,
-    int4* __restrict__ tiles, int* __restrict__ n_tiles) {
+    int4* __restrict__ tiles, int* __restrict__ n_tiles, int cols) {
     constexpr int NW = PLAN_THREADS / 32;
     extern __shared__ int plan_smem[];
     const int B = n_expert + 1;
@@ -656,15 +870,15 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS) expert_plan_build(
             cursor[b] = s;
             part[b] = t;
             s += cnt[b];
-            t += (cnt[b] + GROUP_COLS - 1) / GROUP_COLS;
+            t += (cnt[b] + cols - 1) / cols;
         }
         *n_tiles = t;
     }
     __syncthreads();
     for (int b = tid; b < B; b += PLAN_THREADS)
-        for (int j = 0; j * GROUP_COLS < cnt[b]; ++j)
-            tiles[part[b] + j] = make_int4(b, cursor[b] + j * GROUP_COLS, min(GROUP_COLS, cnt[b] - j * GROUP_COLS), 0);
-    const int used = part[B - 1] + (cnt[B - 1] + GROUP_COLS - 1) / GROUP_COLS;
+        for (int j = 0; j * cols < cnt[b]; ++j)
+            tiles[part[b] + j] = make_int4(b, cursor[b] + j * cols, min(cols, cnt[b] - j * cols), 0);
+    const int used = part[B - 1] + (cnt[B - 1] + cols - 1) / cols;
     for (int t = used + tid; t < max_tiles; t += PLAN_THREADS) tiles[t] = make_int4(0, 0, 0, 0);  // never run
     __syncthreads();
     // stable scatter, a chunk of PLAN_THREADS pairs at a time in pair order: a pair's place is its
@@ -695,7 +909,7 @@ extern "C" __global__ void __launch_bounds__(PLAN_THREADS) expert_plan_build(
 
 // Activation rows in a plan's sorted order for mmvq_grouped: row i of (qg, mg) is row order[i] /
 // div of (q, meta) (div: n_used where a token's experts share its row, 1 for a row per pair);
-// rows pairs..total are zero (a tile reads up to GROUP_COLS rows past its columns). One block
+// rows pairs..total are zero (a tile reads up to its width past its columns). One block
 // per row; one launch where CuPy's indexing took four.
 extern "C" __global__ void gather_q8_rows(const i8* __restrict__ q, const int2* __restrict__ meta,
                                           const long long* __restrict__ order, int div, int pairs, int k,
