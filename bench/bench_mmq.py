@@ -7,6 +7,7 @@ Each row: one expert matrix of the layer (gate and up read a token's row, down a
 the plan of random top-k ids and the quantized activations made once; each kernel launched
 --runs times after a warm-up, timed with CUDA events, median. ms per call, their ratio, and the
 largest relative difference of a pair's row between the two (float summation order only).
+Knobs of mmvq.py (STRATA_MMVQ_*) apply, so two runs compare a change.
 """
 
 from __future__ import annotations

@@ -1364,6 +1364,41 @@ s8g)  # final: the test model joined; the tests that need it, and its decode and
   python3 bench/bench_gpu_engine.py --pack /tmp/tm.gguf --modes graphs --runs 3 --ref 945,1488,2598,4530,49000 2>&1 \
       | tee -a $OUT/engine.log | grep -E "^\| (graphs|ratio|llama)" | sed "s/^/[final] tm /"
   ;;
+s19d)  # the merged tree: every MMVQ test (chunk_acc now calls chunk_float, which mmq_grouped shares); the
+       # one-column MMVQ of the four types new vs session start
+  timeout 330 python3 -m pytest -q tests/test_cuda_mmvq.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  mmvq_vs "new base" Q4_K,IQ3_S,Q2_0,IQ4_NL 1
+  ;;
+s19g)  # the final tree: the test model's first half to /tmp (s19h joins it); the GPU test files s19a-s19d did not run
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 300 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py tests/test_cuda_env_knobs.py \
+      tests/test_cuda_decode_host.py tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP on the GPU vs plain on the CPU), backend
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s19j)  # Nsight Compute: the 32-column mmq_grouped<IQ3_S> at seed-moe's gate (bench_mmq's first row), as s18g
+  timeout 200 ncu --clock-control none -k regex:mmq_grouped -c 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      python3 bench/bench_mmq.py --runs 1 > $OUT/ncu_mmq.txt 2>&1
+  grep -E "Duration|Throughput|Warp Cycles Per Issued|Issued Warp|Eligible|Active Warps|Achieved Occupancy|Theoretical Occ|Block Limit|Registers|No Eligible|Dynamic Shared|L1/TEX Hit|Bank|Pipe" $OUT/ncu_mmq.txt | head -50
+  ;;
+s19i)  # s19h's three skipped tests (the reference outputs under shared/, carried in .models/shared), test model joined
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_SHARED=$PWD/.models/shared STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q -rs tests/test_cuda_vs_cpu.py > $OUT/tests.log 2>&1
+  tail -3 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
+  ;;
+s19f)  # seed-moe-full decode again, new vs session start interleaved three times (s19e: B=1 427.5 / 466.3)
+  decode_pairs seed-moe-full "new base new base new base"
+  ;;
+s19e)  # decode B=1 / B=4 (and pp512) of dense-8b and seed-moe-full, new vs session start
+  synth_big
+  big_decode "new base"
+  ;;
 s19c)  # wide windows with grouped experts graphed (their plan is one kernel): the plan / MMQ tests, every window
        # test; seed-moe-full pp512 new vs session start, twice interleaved
   timeout 120 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or plan or grouped" 2>&1 | tail -1
@@ -1386,11 +1421,11 @@ s19a)  # mmq_grouped with 32-column tiles and cp.async double buffers: MMQ and p
   pp512_vs seed-moe-full "new base"
   ;;
 s18l)  # the grouped MoE kernel with 8 codebook copies for the IQ3 types (GROUP_BANKS, removed after the run: S18-11): grouped tests with it;
-       # bench_experts_grouped off / on, three rounds
+       # bench_experts_grouped (now bench_mmq.py) off / on, three rounds
   STRATA_MMVQ_GROUP_BANKS=1 timeout 150 python3 -m pytest -q tests/test_cuda_mmvq.py -k "grouped" > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -10
   for r in 1 2 3; do for gb in 0 1; do
-    STRATA_MMVQ_GROUP_BANKS=$gb timeout 60 python3 bench/bench_experts_grouped.py 2>&1 | grep -E "^\| (gate|up|down)" | tr '\n' ' ' | sed "s/^/[banks $gb] /"; echo
+    STRATA_MMVQ_GROUP_BANKS=$gb timeout 60 python3 bench/bench_mmq.py 2>&1 | grep -E "^\| (gate|up|down)" | tr '\n' ' ' | sed "s/^/[banks $gb] /"; echo
   done; done
   ;;
 s18k)  # the test model's decode at B=4 and B=8: new / new with wide graphs off / session start, three rounds

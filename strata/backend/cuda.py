@@ -15,9 +15,10 @@ shared by its parts; mat-vec launches go straight to the compiled kernel. STRATA
 keeps the generic path (array-module ops of Backend with xp = cupy, one launch per part).
 
 Prefill: an MoE's (token, expert) pairs are grouped by expert (one weight pass per tile of 8
-pairs, the decode kernel's bits), attention takes a KV group's 8 query heads per block, and
-long prompts' rows multiply large weights through dequant + cuBLAS GEMM in fixed row tiles
-(chosen per request, never per window, so batching stays bit-invariant).
+pairs, the decode kernel's bits; long prompts' rows on int8 tensor cores, a tile of 32 pairs:
+mmq_grouped), attention takes a KV group's 8 query heads per block, and long prompts' rows
+multiply large weights through dequant + cuBLAS GEMM in fixed row tiles (chosen per request,
+never per window, so batching stays bit-invariant).
 """
 
 from __future__ import annotations

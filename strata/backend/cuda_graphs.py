@@ -20,9 +20,9 @@ a shape's second sighting (a one-off prompt length never pays a capture) and at 
 MAX_WIDE_GRAPHS of them, the least recently replayed dropped first (their buffers are large).
 Their prompt rows read where the prompt starts and which cache it fills from the window table
 (attention_prefill_window), so a full chunk's graph serves every long prompt of any slot. A
-window whose warm-up needed something a graph cannot hold (cuBLAS for a long prompt's GEMM
-rows, an experts' plan by CuPy's sort, a host upload: CudaBackend.capture_blockers) keeps that shape
-eager, silently: that is the path it always took.
+window whose warm-up needed something a graph cannot hold (cuBLAS without Strata's handle for
+a long prompt's GEMM rows, an experts' plan by CuPy's sort, a host upload:
+CudaBackend.capture_blockers) keeps that shape eager, silently: that is the path it always took.
 
 STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
 """
