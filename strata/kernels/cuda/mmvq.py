@@ -615,8 +615,9 @@ GROUP_ROW_BLOCKS = 4  # thread blocks sharing one tile's rows
 @dataclass
 class ExpertPlan:
     """The (token, expert) pairs of a window sorted by expert, cut into tiles of at most `cols`
-    pairs of one expert (the grid of mmvq_grouped: GROUP_COLS, or of mmq_grouped: MMQ_COLS). Made on the device from the ids
-    (no host round trip); out-of-range ids form one more bucket, expert n_expert (NaN rows)."""
+    pairs of one expert (the grid of mmvq_grouped: GROUP_COLS, or of mmq_grouped: MMQ_COLS).
+    Made on the device from the ids (no host round trip); out-of-range ids form one more
+    bucket, expert n_expert (NaN rows)."""
 
     order: object  # int64 (pairs,): sorted position -> pair index (pair = token * n_used + slot)
     tiles: object  # int32 (max_tiles, 4): expert, first sorted position, columns, 0 (unused tiles: any)
@@ -661,7 +662,8 @@ def expert_plan(expert_ids_dev, n_expert: int, xp=None, cols: int = GROUP_COLS) 
         tiles = cp.empty((max_tiles, 4), dtype=cp.int32)
         n_tiles = cp.empty(1, dtype=cp.int32)
         _plain_function("expert_plan_build")((1,), (PLAN_THREADS,), (
-            flat, np.int32(pairs), np.int32(n_expert), np.int32(max_tiles), order, tiles, n_tiles, np.int32(cols)), shared_mem=smem)
+            flat, np.int32(pairs), np.int32(n_expert), np.int32(max_tiles), order, tiles, n_tiles, np.int32(cols)),
+            shared_mem=smem)
         return ExpertPlan(order, tiles, n_tiles, max_tiles, pairs, n_used, n_expert, cols)
     bucket = cp.where((flat >= 0) & (flat < n_expert), flat, n_expert)
     # unique keys: the sort is stable whatever the algorithm (pairs of one expert stay in order)
