@@ -1381,6 +1381,12 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s19k)  # review mend: the two grouped experts wrappers share their checks (_grouped_call): MMQ / plan / grouped
+       # tests, the window tests that run them through the backend, bench_mmq once
+  timeout 150 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or plan or grouped or experts" 2>&1 | tail -1
+  prompt_window_tests
+  timeout 120 python3 bench/bench_mmq.py 2>&1 | grep -E "^\| (gate|up|down)"
+  ;;
 s19j)  # Nsight Compute: the 32-column mmq_grouped<IQ3_S> at seed-moe's gate (bench_mmq's first row), as s18g
   timeout 200 ncu --clock-control none -k regex:mmq_grouped -c 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \

@@ -688,44 +688,76 @@ def _grouped_function(type_id: int):
     return _named_function(f"mmvq_grouped<{type_id}>")
 
 
+@dataclass
+class _GroupedCall:
+    """A grouped experts call, checked: its type, weights, shape, output and sorted activations."""
+
+    t: object  # the GGML type
+    w: object  # the weights as the kernel reads them (_weights)
+    n_expert: int
+    rows: int
+    row_bytes: int
+    k: int
+    out: object  # float32 (pairs, rows), pair order
+    qg: object = None  # activations in the plan's sorted order (None: no pairs)
+    mg: object = None
+
+
+def _grouped_call(name: str, type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, per_pair: bool,
+                  cols_ok: bool, cols_want: str) -> _GroupedCall:
+    """The checks mmvq_experts_grouped and mmq_experts_grouped share (a clear error naming the
+    call and what is wrong), the output, and the activations gathered in sorted order."""
+    cp = _cp()
+    if type_id in FLOAT_TYPES:
+        raise ValueError(f"{name}: quantized weights only")
+    w3 = cp.asarray(w_dev)
+    n_expert, rows, row_bytes = w3.shape
+    _check_matrix_bytes(name, rows, row_bytes)
+    if n_expert != plan.n_expert or not cols_ok:
+        raise ValueError(f"{name}: the plan is for {plan.n_expert} experts in tiles of {plan.cols}, "
+                         f"the weights have {n_expert} (tiles of {cols_want})")
+    k = q8.k
+    t, w = _weights(type_id, w3, k)
+    if row_bytes != t.row_bytes(k):
+        raise ValueError(f"{name}: {t.name} rows are not {k} weights long")
+    want = plan.pairs if per_pair else plan.pairs // max(1, plan.n_used)
+    if q8.ncols != want:
+        raise ValueError(f"{name}: {q8.ncols} activation columns, the plan needs {want}")
+    call = _GroupedCall(t, w, n_expert, rows, row_bytes, k, cp.empty((plan.pairs, rows), dtype=cp.float32))
+    if plan.pairs:
+        call.qg, call.mg = _gathered(plan, q8, per_pair)
+    return call
+
+
+def _scatter_sorted(sorted_out, plan: ExpertPlan, c: _GroupedCall):
+    """The kernel's rows (sorted order) back to pair order in c.out."""
+    _plain_function("scatter_rows")((plan.pairs,), (128,), (sorted_out, plan.order, np.int32(c.rows), c.out))
+    return c.out
+
+
 def mmvq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, per_pair: bool = False):
     """Experts mat-vec for many pairs, one weight pass per tile of pairs sharing an expert:
     w (n_expert, rows, row_bytes); q8 the quantized activations, one column per token
     (per_pair=False: a token's n_used experts read its column) or one per pair (per_pair=True).
     -> float32 (pairs, rows) in pair order, bitwise what mmvq_experts gives."""
-    cp = _cp()
-    if type_id in FLOAT_TYPES:
-        raise ValueError("mmvq_experts_grouped: quantized weights only")
-    w3 = cp.asarray(w_dev)
-    n_expert, rows, row_bytes = w3.shape
-    _check_matrix_bytes("mmvq experts", rows, row_bytes)
-    if n_expert != plan.n_expert or plan.cols != GROUP_COLS:
-        raise ValueError(f"mmvq_experts_grouped: the plan is for {plan.n_expert} experts in tiles of {plan.cols}, "
-                         f"the weights have {n_expert} (tiles of {GROUP_COLS})")
-    k = q8.k
-    t, w = _weights(type_id, w3, k)
-    if row_bytes != t.row_bytes(k):
-        raise ValueError(f"mmvq_experts_grouped: {t.name} rows are not {k} weights long")
-    want = plan.pairs if per_pair else plan.pairs // max(1, plan.n_used)
-    if q8.ncols != want:
-        raise ValueError(f"mmvq_experts_grouped: {q8.ncols} activation columns, the plan needs {want}")
-    out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    c = _grouped_call("mmvq_experts_grouped", type_id, w_dev, plan, q8, per_pair, plan.cols == GROUP_COLS,
+                      str(GROUP_COLS))
     if plan.pairs == 0:
-        return out
-    qg, mg = _gathered(plan, q8, per_pair)
-    fn = _grouped_function(t.id)
+        return c.out
+    fn = _grouped_function(c.t.id)
+    rows = c.rows
     # a few row blocks per tile: many short blocks, several waves (a prefill window is long
     # enough that the tail of the last wave matters less than idle warps in wide blocks)
     rpw = max(RPW, -(-(-(-rows // (WARPS * GROUP_ROW_BLOCKS))) // RPW) * RPW)
-    sorted_out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    sorted_out = _cp().empty((plan.pairs, rows), dtype=np.float32)
     fn((-(-rows // (rpw * WARPS)), plan.max_tiles), (WARPS * 32,), (
-        w, np.int64(rows * row_bytes), np.int32(n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
-        np.int32(row_bytes), np.int32(k), np.int32(rpw), qg, mg, sorted_out))
-    _plain_function("scatter_rows")((plan.pairs,), (128,), (sorted_out, plan.order, np.int32(rows), out))
-    return out
+        c.w, np.int64(rows * c.row_bytes), np.int32(c.n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
+        np.int32(c.row_bytes), np.int32(c.k), np.int32(rpw), c.qg, c.mg, sorted_out))
+    return _scatter_sorted(sorted_out, plan, c)
 
 
 MMQ_ROWS_PER_BLOCK = 128  # mmq_grouped: MMQ_WARPS x MMQ_ROWS (mmvq_kernels.cuh)
+MMQ_THREADS = 128  # mmq_grouped's block: MMQ_WARPS x 32
 
 
 def _mmq_geometry(type_id: int) -> tuple[int, int]:
@@ -766,36 +798,20 @@ def mmq_experts_grouped(type_id: int, w_dev, plan: ExpertPlan, q8: Q8Buffer, per
     columns a tile: the same chunks, scaled the same way, summed in chunk order instead of
     MMVQ's lane order (other bits: for long prompts' rows only). A pair's row depends only on
     its own activations, never on its tile. mmq_supports(type_id, k) must hold."""
-    cp = _cp()
-    if type_id in FLOAT_TYPES:
-        raise ValueError("mmq_experts_grouped: quantized weights only")
-    w3 = cp.asarray(w_dev)
-    n_expert, rows, row_bytes = w3.shape
-    _check_matrix_bytes("mmq experts", rows, row_bytes)
-    if n_expert != plan.n_expert or plan.cols > MMQ_COLS:
-        raise ValueError(f"mmq_experts_grouped: the plan is for {plan.n_expert} experts in tiles of {plan.cols}, "
-                         f"the weights have {n_expert} (tiles of at most {MMQ_COLS})")
-    k = q8.k
-    t, w = _weights(type_id, w3, k)
-    if row_bytes != t.row_bytes(k):
-        raise ValueError(f"mmq_experts_grouped: {t.name} rows are not {k} weights long")
-    if not mmq_supports(t.id, k):
-        raise ValueError(f"mmq_experts_grouped: {t.name} rows of {k} weights are not taken on this device")
-    want = plan.pairs if per_pair else plan.pairs // max(1, plan.n_used)
-    if q8.ncols != want:
-        raise ValueError(f"mmq_experts_grouped: {q8.ncols} activation columns, the plan needs {want}")
-    out = cp.empty((plan.pairs, rows), dtype=cp.float32)
+    c = _grouped_call("mmq_experts_grouped", type_id, w_dev, plan, q8, per_pair, plan.cols <= MMQ_COLS,
+                      f"at most {MMQ_COLS}")
+    if not mmq_supports(c.t.id, c.k):
+        raise ValueError(f"mmq_experts_grouped: {c.t.name} rows of {c.k} weights are not taken on this device")
     if plan.pairs == 0:
-        return out
-    qg, mg = _gathered(plan, q8, per_pair)
-    _, smem = _mmq_geometry(t.id)
-    fn = _mmq_function(t.id, smem)
-    sorted_out = cp.empty((plan.pairs, rows), dtype=cp.float32)
-    fn((-(-rows // MMQ_ROWS_PER_BLOCK), plan.max_tiles), (128,), (
-        w, np.int64(rows * row_bytes), np.int32(n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
-        np.int32(row_bytes), np.int32(k), qg, mg, sorted_out), shared_mem=smem)
-    _plain_function("scatter_rows")((plan.pairs,), (128,), (sorted_out, plan.order, np.int32(rows), out))
-    return out
+        return c.out
+    _, smem = _mmq_geometry(c.t.id)
+    fn = _mmq_function(c.t.id, smem)
+    rows = c.rows
+    sorted_out = _cp().empty((plan.pairs, rows), dtype=np.float32)
+    fn((-(-rows // MMQ_ROWS_PER_BLOCK), plan.max_tiles), (MMQ_THREADS,), (
+        c.w, np.int64(rows * c.row_bytes), np.int32(c.n_expert), plan.tiles, plan.n_tiles, np.int32(rows),
+        np.int32(c.row_bytes), np.int32(c.k), c.qg, c.mg, sorted_out), shared_mem=smem)
+    return _scatter_sorted(sorted_out, plan, c)
 
 
 def _mmq_name(type_id: int) -> str:
