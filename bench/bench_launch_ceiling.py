@@ -27,6 +27,9 @@ them into a value that is (almost) never written:
             RING_WORK rounds: fewer warps per launch, so that the next launch can be resident
             and fetching while this one computes; "p" padded so that nothing else fits an SM,
             "post" fetching only after the wait (session 15: both measured; the overlap loses)
+  s*        (SEQS) a copying warp per block fetches the 4 folding warps' shares piece by piece
+            in order, `inflight` pieces in flight, each piece's arrival marked on an mbarrier;
+            the folding warps fold each piece as it lands (session 20: at most ~9% better)
 
 Prints a table: us per launch and % of a 1 GiB device-to-device copy (read + write).
 """
@@ -59,6 +62,12 @@ RINGS = {"r1": (4608, 1, 1, 0, 0), "r2s1": (4608, 2, 1, 0, 0), "r2s2": (2304, 4,
          "r4s2": (4608, 4, 2, 0, 0), "r2x2": (2304, 2, 2, 0, 0), "r1p": (4608, 1, 1, 32768, 0),
          "r2s1p": (4608, 2, 1, 32768, 0), "r2s2p": (2304, 4, 2, 32768, 0), "r4s2p": (4608, 4, 2, 32768, 0),
          "r1post": (4608, 1, 1, 0, 1), "r1ppost": (4608, 1, 1, 32768, 1)}
+
+# tiles_seq rows (session 20), name: (pieces per warp share, pieces in flight, padded shared
+# memory per block), each folded with RING_WORK rounds (w6's arithmetic; "s1" is w6's shape
+# through the copying warp)
+SEQS = {"s1": (1, 1, 0), "s2i1": (2, 1, 0), "s4i1": (4, 1, 0), "s4i2": (4, 2, 0), "s8i2": (8, 2, 0), "s8i3": (8, 3, 0),
+        "s1p": (1, 1, 32768), "s4i2p": (4, 2, 32768), "s8i2p": (8, 2, 32768), "s8i3p": (8, 3, 32768)}
 
 _SOURCE = r"""
 typedef unsigned int u32;
@@ -166,6 +175,71 @@ __device__ __forceinline__ void ring_body(const u8* __restrict__ p, unsigned pie
     }
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
+// SEQ rows (session 20): a block is 4 folding warps and 1 copying warp. The copying warp
+// fetches the 4 warps' shares piece by piece in piece order (piece i of every warp, then piece
+// i + 1), with `inflight` pieces in flight, and marks each piece's arrival on an mbarrier; the
+// folding warps wait for the predecessor, then fold each piece as soon as it has landed. When
+// every copy is issued at once (the tiles rows) the pieces land together at the stream's end
+// and the arithmetic starts only then; in order, the first pieces' arithmetic runs while the
+// later ones stream.
+__device__ __forceinline__ void mbar_init(u32 a, unsigned count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 a) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared.b64 st, [%0]; }" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ bool mbar_done(u32 a) {  // phase 0 complete
+    u32 ok;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok) : "r"(a) : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void cp_wait_upto(int n) {  // at most n groups still pending
+    if (n <= 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    else if (n == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else if (n == 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+}
+extern "C" __global__ void tiles_seq(const u8* __restrict__ p, unsigned share, int pieces, int inflight,
+                                     unsigned long long nbytes, unsigned* out, int work) {
+    extern __shared__ __align__(16) u8 sm[];
+    __shared__ __align__(8) unsigned long long bars[16];
+    allow_dependents();
+    const unsigned lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+    const unsigned piece = share / pieces;
+    const unsigned long long bbase = (unsigned long long)blockIdx.x * 4 * share;
+    const u32 bar0 = (u32)__cvta_generic_to_shared(bars);
+    if (threadIdx.x == 0)
+        for (int i = 0; i < pieces; ++i) mbar_init(bar0 + 8 * i, 32);
+    __syncthreads();
+    if (wib == 4) {
+        const u32 sb = (u32)__cvta_generic_to_shared(sm);
+        for (int i = 0; i < pieces; ++i) {
+            for (int w = 0; w < 4; ++w) {
+                const unsigned long long g = bbase + (unsigned long long)w * share + (unsigned long long)i * piece;
+                const u32 s = sb + w * share + i * piece;
+                for (unsigned j = 16 * lane; j < piece; j += 512)
+                    if (g + j < nbytes) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + j), "l"(p + g + j));
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
+            if (i >= inflight - 1) {
+                cp_wait_upto(inflight - 1);
+                mbar_arrive(bar0 + 8 * (i - inflight + 1));
+            }
+        }
+        cp_wait_upto(0);
+        for (int i = max(0, pieces - inflight + 1); i < pieces; ++i) mbar_arrive(bar0 + 8 * i);
+        return;
+    }
+    wait_prior_grids();
+    unsigned acc = 0;
+    const u8* mine = sm + wib * share;
+    for (int i = 0; i < pieces; ++i) {
+        while (!mbar_done(bar0 + 8 * i)) {}
+        acc ^= fold(mine + i * piece, piece, lane, work);
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
 extern "C" __global__ void tiles_ring(const u8* p, unsigned piece, int pieces, int stages, unsigned long long nbytes,
                                       unsigned* out, int work, int post) { ring_body(p, piece, pieces, stages, nbytes, out, work, post); }
 extern "C" __global__ void tiles(const u8* p, unsigned share, unsigned long long nbytes, unsigned* out) { tiles_work_body<0>(p, share, nbytes, out, 0, nullptr); }
@@ -223,6 +297,13 @@ def time_variants(mod, nbytes: int, share: int) -> dict[str, float]:
             pdl.launch(ring, (nb,), (128,), (bufs[i % nbuf], np.uint32(piece), np.int32(pieces), np.int32(stages),
                                              np.uint64(nbytes), out, np.int32(RING_WORK), np.int32(post)),
                        shared_mem=smem), stream)
+    seq = mod.get_function("tiles_seq")
+    seq.max_dynamic_shared_size_bytes = 48 * 1024
+    for name, (pieces, inflight, pad) in SEQS.items():
+        res[name] = graph_seconds(
+            lambda i, pieces=pieces, inflight=inflight, smem=max(pad, 4 * share):
+            pdl.launch(seq, (blocks,), (160,), (bufs[i % nbuf], np.uint32(share), np.int32(pieces), np.int32(inflight),
+                                             np.uint64(nbytes), out, np.int32(RING_WORK)), shared_mem=smem), stream)
     bufs.clear()  # the graphs are done with them
     cp.get_default_memory_pool().free_all_blocks()
     return res
@@ -238,7 +319,7 @@ def main(argv=None) -> int:
     print(f"copy (read+write) {copy_gbs:.0f} GB/s; PDL {'on' if pdl.enabled() else 'off (the pdl_* rows launch plainly)'}; "
           f"tiles: {a.share} bytes per warp")
     names = (("plain", "pdl_pre", "pdl_post", "tiles", "tiles24") + tuple(f"w{w}{v}" for w in WORKS for v in VARIANTS)
-             + tuple(RINGS))
+             + tuple(RINGS) + tuple(SEQS))
     print("| MB | " + " | ".join(f"{n} us (%)" for n in names) + " |")
     print("|---:|" + "---:|" * len(names))
     for mb in (float(x) for x in a.mb.split(",")):

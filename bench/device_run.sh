@@ -1381,6 +1381,20 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s20c)  # the same timeline for launches of one to eight blocks an SM (fewer, larger blocks: the next launch's blocks
+       # spread over the SMs instead of piling onto those that free first)
+  timeout 200 python3 bench/trace_launch_chain.py --share 4096 --work 6 --shapes 4x8,8x4,16x2,32x1,4x7,8x3 2>&1 | tee $OUT/shapes.log \
+      | grep -E "MB|per launch"
+  ;;
+s20b)  # the timeline of a PDL chain of tiles-shaped launches (bench/trace_launch_chain.py), 16.5 and 33 MB
+  timeout 200 python3 bench/trace_launch_chain.py --mb 16.5 --work 6,0 2>&1 | tee $OUT/trace16.log
+  timeout 100 python3 bench/trace_launch_chain.py --mb 33.0 --work 6 2>&1 | tee $OUT/trace33.log | tail -40
+  ;;
+s20a)  # probe: the launch ceiling's tiles_seq rows (a copying warp fetching pieces in order, the folding warps
+       # starting on each as it lands) against w6's shape, at share 4096 (pieces of 512-byte multiples) and 4608
+  timeout 200 python3 bench/bench_launch_ceiling.py --mb 16.5,25.2,33.0 --share 4096 2>&1 | tee $OUT/ceiling4096.log
+  timeout 120 python3 bench/bench_mmvq.py --rows 14336 --k 4096 --types Q4_K,IQ3_S,Q2_0,IQ4_NL --cols 1 2>&1 | grep -E "^ *(Q|I|c)|rror|copy"
+  ;;
 s19k)  # review mend: the two grouped experts wrappers share their checks (_grouped_call): MMQ / plan / grouped
        # tests, the window tests that run them through the backend, bench_mmq once
   timeout 150 python3 -m pytest -q tests/test_cuda_mmvq.py -k "mmq or plan or grouped or experts" 2>&1 | tail -1
