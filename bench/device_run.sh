@@ -1381,6 +1381,12 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s20d)  # the wait's own latency: chains of launches with nothing to do, and 16.5 MB of w6, each waiting by
+       # griddepcontrol.wait (early, late) or by its predecessor's blocks' done-counter (flag)
+  timeout 100 python3 bench/trace_launch_chain.py --tiny 2>&1 | tee $OUT/tiny.log | grep -E "tiny|per launch"
+  timeout 150 python3 bench/trace_launch_chain.py --mb 16.5 --work 6,0 2>&1 | tee $OUT/trace16.log | grep -E "MB|per launch"
+  grep -A12 "work 6, flag" $OUT/trace16.log
+  ;;
 s20c)  # the same timeline for launches of one to eight blocks an SM (fewer, larger blocks: the next launch's blocks
        # spread over the SMs instead of piling onto those that free first)
   timeout 200 python3 bench/trace_launch_chain.py --share 4096 --work 6 --shapes 4x8,8x4,16x2,32x1,4x7,8x3 2>&1 | tee $OUT/shapes.log \

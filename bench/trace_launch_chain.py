@@ -13,7 +13,9 @@ one folds, and what the wait costs.
 
 Variants: "early" (allows its successor at its start, as every MMVQ does), "padded" (shared
 memory padded so that no block of the next launch fits beside a running one), "late" (allows
-its successor only at its end: no overlap at all).
+its successor only at its end: no overlap at all), "flag" (early, but waits for its
+predecessor's blocks to have counted themselves done instead of griddepcontrol.wait: what the
+wait's own latency costs). --tiny times chains of launches that have nothing to do.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ __device__ __forceinline__ unsigned long long gtime() {
     return t;
 }
 extern "C" __global__ void traced(const u8* __restrict__ p, unsigned share, unsigned long long nbytes, unsigned* out,
-                                  int work, unsigned long long* trace, int launch_idx, int late) {
+                                  int work, unsigned long long* trace, int launch_idx, int late, unsigned* done) {
     extern __shared__ __align__(16) u8 sm[];
     const unsigned long long t0 = gtime();
     if (!late) allow_dependents();
@@ -56,7 +58,16 @@ extern "C" __global__ void traced(const u8* __restrict__ p, unsigned share, unsi
     asm volatile("cp.async.commit_group;\n" ::);
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     const unsigned long long t1 = gtime();
-    wait_prior_grids();
+    if (!done || launch_idx == 0) {  // the first also waits for the counters' zeroing
+        wait_prior_grids();
+    } else if (launch_idx > 0) {  // "flag": the predecessor's blocks counted done, not its grid's end
+        if (threadIdx.x == 0) {
+            unsigned n = 0;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(done + launch_idx - 1) : "memory");
+            while (n < gridDim.x);
+        }
+        __syncthreads();
+    }
     const unsigned long long t2 = gtime();
     __syncwarp();
     const unsigned acc = fold(mine, share, lane, work);  // bench_launch_ceiling's
@@ -64,6 +75,8 @@ extern "C" __global__ void traced(const u8* __restrict__ p, unsigned share, unsi
     __syncthreads();
     const unsigned long long t3 = gtime();
     if (late) allow_dependents();
+    if (done && threadIdx.x == 0)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + launch_idx) : "memory");
     if (threadIdx.x == 0) {
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -73,10 +86,13 @@ extern "C" __global__ void traced(const u8* __restrict__ p, unsigned share, unsi
 }
 """
 
-VARIANTS = {"early": (0, False), "padded": (1, False), "late": (0, True)}
+# name: (padded, late, flag); "flag" waits for its predecessor's blocks to have counted themselves done
+# (a release add each, an acquire load) instead of griddepcontrol.wait (the predecessor grid's end)
+VARIANTS = {"early": (0, False, False), "padded": (1, False, False), "late": (0, True, False), "flag": (0, False, True)}
 
 
-def trace(nbytes: int, share: int, work: int, padded: bool, late: bool, warps: int = 4) -> np.ndarray:
+def trace(nbytes: int, share: int, work: int, padded: bool, late: bool, warps: int = 4,
+          flag: bool = False) -> np.ndarray:
     pdl_h = (Path(__file__).resolve().parents[1] / "strata/kernels/cuda/pdl.cuh").read_text()
     fn = cp.RawModule(code=pdl_h + CEILING_SOURCE + _SOURCE, options=("-std=c++17",)).get_function("traced")
     fn.max_dynamic_shared_size_bytes = 200 * 1024
@@ -87,17 +103,19 @@ def trace(nbytes: int, share: int, work: int, padded: bool, late: bool, warps: i
     smem = max(warps * share, 32768) if padded else warps * share
     out = cp.zeros(1, dtype=cp.uint32)
     stamps = cp.zeros((LAUNCHES, blocks, 5), dtype=cp.uint64)
+    done = cp.zeros(LAUNCHES, dtype=cp.uint32)  # zeroed at the start of each replay (a memset node)
     stream = cp.cuda.Stream(non_blocking=True)
 
     def one(i):
         args = (bufs[i % nbuf], np.uint32(share), np.uint64(nbytes), out, np.int32(work), stamps, np.int32(i),
-                np.int32(int(late)))
+                np.int32(int(late)), done if flag else np.uint64(0))
         pdl.launch(fn, (blocks,), (32 * warps,), args, shared_mem=smem)
 
     with stream:
         one(0)
         stream.synchronize()
         stream.begin_capture()
+        done.fill(0)
         for i in range(LAUNCHES):
             one(i)
         graph = stream.end_capture()
@@ -126,9 +144,17 @@ def main(argv=None) -> int:
     p.add_argument("--mb", type=float, default=16.5)
     p.add_argument("--share", type=int, default=4096)
     p.add_argument("--work", default="6,0", help="comma-separated rounds of arithmetic per word")
+    p.add_argument("--tiny", action="store_true", help="instead: chains of launches of one 16-byte piece a warp, "
+                   "one block an SM (what a launch of the chain costs when it has nothing to do)")
     p.add_argument("--shapes", default="", help="instead: comma-separated WARPSxBLOCKS_PER_SM block shapes, each "
                    "launch sized to fill that many blocks of WARPS warps on every SM (early variant, first --work)")
     a = p.parse_args(argv)
+    if a.tiny:
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        for name, (padded, late, flag) in VARIANTS.items():
+            if not padded:
+                report(f"tiny launches, {name}", trace(sms * 4 * 16, 16, 0, False, late, flag=flag))
+        return 0
     if a.shapes:
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
         work = int(a.work.split(",")[0])
@@ -139,8 +165,8 @@ def main(argv=None) -> int:
                    trace(nbytes, a.share, work, False, False, warps=w))
         return 0
     for work in (int(w) for w in a.work.split(",")):
-        for name, (padded, late) in VARIANTS.items():
-            stamps = trace(int(a.mb * 1e6), a.share, work, bool(padded), late)
+        for name, (padded, late, flag) in VARIANTS.items():
+            stamps = trace(int(a.mb * 1e6), a.share, work, bool(padded), late, flag=flag)
             report(f"{a.mb} MB, share {a.share}, work {work}, {name}", stamps)
     return 0
 
