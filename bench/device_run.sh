@@ -1381,6 +1381,13 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s20e)  # out of GPU memory: the new tests (pool limits, a child process), then the GPU tests of what the change
+       # touches (the KV cache's table rebuilt by generation, free_bytes with the pool): window, backend, host tests
+  timeout 200 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -15
+  timeout 380 python3 -m pytest -q tests/test_cuda_window.py tests/test_cuda_backend.py tests/test_cuda_decode_host.py \
+      tests/test_cuda_env_knobs.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|ERROR|E   )" $OUT/tests.log | head -20
+  ;;
 s20d)  # the wait's own latency: chains of launches with nothing to do, and 16.5 MB of w6, each waiting by
        # griddepcontrol.wait (early, late) or by its predecessor's blocks' done-counter (flag)
   timeout 100 python3 bench/trace_launch_chain.py --tiny 2>&1 | tee $OUT/tiny.log | grep -E "tiny|per launch"

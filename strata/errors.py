@@ -17,3 +17,8 @@ class StrataError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class OutOfMemory(StrataError):
+    """The device (or host) had no room for what was being loaded: a pack or draft larger than
+    the memory left. A user-facing line like any StrataError (the message names the tensor)."""

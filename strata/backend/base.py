@@ -109,6 +109,18 @@ class Backend(ABC):
         """Memory still free on the device for per-slot state (None: unknown)."""
         return None
 
+    def weight_bytes(self, tensors: Sequence[Any]) -> int | None:
+        """A lower bound of the device memory these pack tensors (TensorInfo) take once loaded,
+        checked against free_bytes() before loading (None: not checked)."""
+        return None
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        """Whether exc says the backend's memory ran out (a request or a load, not a bug)."""
+        return isinstance(exc, MemoryError)
+
+    def release_cached_memory(self) -> None:
+        """Give memory kept for reuse back, after running out (a no-op without such a cache)."""
+
     def argmax_rows(self, x: Any) -> Any:
         """Index of each row's largest value (the first on ties, as numpy)."""
         return self.xp.argmax(x, axis=-1)

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from strata.backend.base import Backend, RopeParams, TensorSource, window_positions
-from strata.errors import StrataError
+from strata.errors import OutOfMemory, StrataError
 from strata.kernels.cuda.launch import launch
 from strata.kernels.dequant import dequantize, dequantize_rows
 from strata.kernels.ggml_types import type_by_id, type_by_name
@@ -202,18 +202,17 @@ class CudaBackend(Backend):
         hit = self._uploads.get(id(src))
         if hit is None:
             row_bytes = type_by_id(src.ggml_type).row_bytes(int(src.shape[0]))
-            hit = (src, self.xp.asarray(np.asarray(src.data()).reshape(rows, row_bytes)))
+            hit = (src, self._device(np.asarray(src.data()).reshape(rows, row_bytes), src.name))
             self._uploads[id(src)] = hit
         return hit[1]
 
     def _part(self, src: TensorSource) -> _Part:
-        cp = self.xp
         k, rows = int(src.shape[0]), int(np.prod(src.shape[1:]))
         if src.ggml_type in self.native_types:
             return _Part(src.ggml_type, rows, k, self._upload(src, rows), True)
         raw = np.asarray(src.data())
         w = dequantize(src.ggml_type, raw, rows * k).reshape(rows, k)
-        return _Part(src.ggml_type, rows, k, cp.asarray(w.astype(np.float16)), False)
+        return _Part(src.ggml_type, rows, k, self._device(w.astype(np.float16), f"{src.name} (as float16)"), False)
 
     def _merged(self, sources: Sequence[TensorSource]) -> _Part:
         """One native part from several sources of one type and row length, rows stacked:
@@ -222,7 +221,7 @@ class CudaBackend(Backend):
         k = int(sources[0].shape[0])
         raws = [np.asarray(s.data()).reshape(-1, t.row_bytes(k)) for s in sources]
         raw = np.concatenate(raws, axis=0)
-        return _Part(t.id, raw.shape[0], k, self.xp.asarray(raw), True)
+        return _Part(t.id, raw.shape[0], k, self._device(raw, ", ".join(s.name for s in sources)), True)
 
     def linear_weight(self, sources: Sequence[TensorSource]) -> CudaLinear:
         names = tuple(s.name for s in sources)
@@ -244,18 +243,17 @@ class CudaBackend(Backend):
         return CudaLinear(parts, names, off, needs_q8)
 
     def expert_weight(self, source: TensorSource) -> CudaExperts:
-        cp = self.xp
         k, rows, n_exp = (int(x) for x in source.shape)
         raw = np.asarray(source.data())
         if source.ggml_type in self.native_types:
-            t = type_by_id(source.ggml_type)
-            return CudaExperts(source.ggml_type, cp.asarray(raw.reshape(n_exp, rows, t.row_bytes(k))), True)
+            blocks = raw.reshape(n_exp, rows, type_by_id(source.ggml_type).row_bytes(k))
+            return CudaExperts(source.ggml_type, self._device(blocks, source.name), True)
         w = dequantize(source.ggml_type, raw, n_exp * rows * k).reshape(n_exp, rows, k)
-        return CudaExperts(source.ggml_type, cp.asarray(w.astype(np.float16)), False)
+        return CudaExperts(source.ggml_type, self._device(w.astype(np.float16), f"{source.name} (as float16)"), False)
 
     def vector(self, source: TensorSource) -> Any:
         n = int(np.prod(source.shape))
-        return self.xp.asarray(dequantize(source.ggml_type, np.asarray(source.data()), n))
+        return self._device(dequantize(source.ggml_type, np.asarray(source.data()), n), source.name)
 
     def embedding(self, source: TensorSource) -> CudaEmbedding:
         from strata.kernels.cuda import dequant
@@ -460,14 +458,15 @@ class CudaBackend(Backend):
 
     def _cache_table(self, cache: Any) -> int:
         """Address of the cache's table: capacity, then per layer the addresses of k, v and
-        the int8 scales. Rebuilt when the cache grows (its arrays move)."""
+        the int8 scales. Rebuilt when the cache's arrays move (its generation: a growth, also
+        one that ran out of memory half way)."""
         memo = getattr(cache, "_cuda_table", None)
-        if memo is None or memo[0] != cache._cap:
+        if memo is None or memo[2] != cache.generation:
             ptrs = [cache._cap]
             for layer in range(cache.n_layer):
                 scales = (cache._ks[layer].data.ptr, cache._vs[layer].data.ptr) if cache.kind == "int8" else (0, 0)
                 ptrs += [cache._k[layer].data.ptr, cache._v[layer].data.ptr, *scales]
-            memo = (cache._cap, self.xp.asarray(np.asarray(ptrs, dtype=np.int64)))
+            memo = (cache._cap, self.xp.asarray(np.asarray(ptrs, dtype=np.int64)), cache.generation)
             cache._cuda_table = memo
         return int(memo[1].data.ptr)
 
@@ -726,5 +725,48 @@ class CudaBackend(Backend):
         return self.xp.asnumpy(a)
 
     def free_bytes(self) -> int | None:
+        """The device's free memory plus what CuPy's pool holds free for reuse, within the pool's
+        limit when one is set (CUPY_GPU_MEMORY_LIMIT)."""
         free, _total = self.xp.cuda.runtime.memGetInfo()
-        return int(free)
+        pool = self.xp.get_default_memory_pool()
+        free = int(free) + int(pool.free_bytes())
+        limit = int(pool.get_limit())
+        return min(free, max(0, limit - int(pool.used_bytes()))) if limit else free
+
+    def weight_bytes(self, tensors: Sequence[Any]) -> int | None:
+        """What the pack's tensors take here once loaded, at least: native types their own
+        blocks, others dequantized to float16, 1-D tensors float32. The token embedding is left
+        out (it may stay on the host)."""
+        total = 0
+        for t in tensors:
+            if t.name.startswith("token_embd"):
+                continue
+            n = int(np.prod(t.shape))
+            if len(t.shape) == 1:
+                total += 4 * n
+            elif t.ggml_type in self.native_types:
+                total += int(t.nbytes)
+            else:
+                total += 2 * n
+        return total
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        cp = self.xp
+        if isinstance(exc, (MemoryError, cp.cuda.memory.OutOfMemoryError)):
+            return True
+        # an allocation the runtime refused outside the pool (cudaErrorMemoryAllocation)
+        return isinstance(exc, cp.cuda.runtime.CUDARuntimeError) and getattr(exc, "status", None) == 2
+
+    def release_cached_memory(self) -> None:
+        self.xp.get_default_memory_pool().free_all_blocks()
+
+    def _device(self, host: np.ndarray, what: str) -> Any:
+        """host on the device; out of memory there, one line naming what was being loaded."""
+        try:
+            return self.xp.asarray(host)
+        except Exception as e:
+            if not self.is_out_of_memory(e):
+                raise
+        self.release_cached_memory()
+        raise OutOfMemory(f"out of GPU memory loading {what}: {host.nbytes / 2**20:.1f} MiB needed, "
+                          f"{(self.free_bytes() or 0) / 2**20:.1f} MiB free")

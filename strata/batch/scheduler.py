@@ -31,7 +31,11 @@ from strata.sampling import distribution, is_greedy, log_softmax, sampler_row
 
 
 class FaultInjector:
-    """Test hook: STRATA_FAULT_INJECT="mtp-admit@1,mtp-draft@2" raises in that slot's MTP path."""
+    """Test hook: STRATA_FAULT_INJECT="mtp-admit@1,mtp-draft@2" raises in that slot's MTP path;
+    "kv-grow@1" makes slot 1's KV cache growth run out of memory (MemoryError, as a device or
+    host allocation that finds no room)."""
+
+    RAISES = {"kv-grow": MemoryError}  # the rest raise RuntimeError
 
     def __init__(self, spec: str | None = None):
         spec = os.environ.get("STRATA_FAULT_INJECT", "") if spec is None else spec
@@ -42,7 +46,7 @@ class FaultInjector:
 
     def check(self, where: str, slot: int) -> None:
         if (where, slot) in self.points:
-            raise RuntimeError(f"injected fault at {where} for slot {slot}")
+            raise self.RAISES.get(where, RuntimeError)(f"injected fault at {where} for slot {slot}")
 
 
 @dataclass
@@ -146,11 +150,18 @@ class Scheduler:
             try:
                 self.step()
             except Exception as e:  # a bug must not take the engine down: end the window's requests
+                oom = self.model.b.is_out_of_memory(e)
                 self.log(f"strata batch: window failed: {type(e).__name__}: {e}")
-                self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
+                if oom:  # not a bug: the window's requests end, their memory goes back
+                    self.model.b.release_cached_memory()
+                else:
+                    self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
                 for s in self.slots:
                     if s.busy:
-                        self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
+                        if oom:
+                            self._finish(s, "error", error=f"out of memory: {e}", code="out_of_memory")
+                        else:
+                            self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
         for s in self.slots:
             if s.busy:
                 self._finish(s, "cancelled")
@@ -252,7 +263,7 @@ class Scheduler:
             toks = s.prompt[s.n_prefilled : s.n_prefilled + n]
             entries.append(_Entry(s, toks, "prefill", wants_logits=s.n_prefilled + n == len(s.prompt)))
             budget -= n
-        entries = [e for e in entries if e.slot.busy]
+        entries = self._with_room([e for e in entries if e.slot.busy])
         if not entries:
             return
         self.windows += 1
@@ -439,6 +450,29 @@ class Scheduler:
         s.pending = verdict.tokens[-1]
         return verdict.accepted + 1
 
+    def _with_room(self, entries: list[_Entry]) -> list[_Entry]:
+        """Each entry's KV cache grown for its tokens before the window. A request whose cache
+        finds no memory ends (out_of_memory, said once) and the window goes on without it: the
+        other requests keep their tokens, and its memory goes back to the ones that follow."""
+        kept = []
+        for e in entries:
+            cache = e.slot.cache
+            need = cache.length + len(e.tokens)
+            try:
+                self.faults.check("kv-grow", e.slot.index)
+                cache.ensure(need)
+            except Exception as exc:
+                if not self.model.b.is_out_of_memory(exc):
+                    raise
+                self.model.b.release_cached_memory()
+                self.log(f"strata batch: slot {e.slot.index}: out of memory growing its KV cache to {need} "
+                         f"tokens ({exc}); the request ends, the others go on")
+                self._finish(e.slot, "error", code="out_of_memory",
+                             error=f"out of memory: the KV cache could not grow to {need} tokens ({exc})")
+                continue
+            kept.append(e)
+        return kept
+
     def _proposals(self, slots: list[Slot], n_busy: int) -> dict[int, tuple[list[int], list[Any]]]:
         """Drafts for every slot allowed MTP in this window (batched over slots when possible)."""
         work = []
@@ -503,9 +537,10 @@ class Scheduler:
     def _piece(self, tok: int) -> str:
         return self.tok.token_bytes(tok).decode("utf-8", errors="replace")
 
-    def _finish(self, s: Slot, reason: str, *, error: str | None = None, tail: bool = True) -> None:
+    def _finish(self, s: Slot, reason: str, *, error: str | None = None, code: str | None = None,
+                tail: bool = True) -> None:
         h = s.handle
         text_tail = s.output.finish() if (tail and s.output is not None and reason != "error") else ""
-        h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error))
+        h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code))
         self.finished[reason] += 1
         s.reset()

@@ -5,6 +5,7 @@ Front ends (the HTTP API, `strata generate`) talk to it through strata.engine.pr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -14,7 +15,7 @@ from strata.backend.select import make_backend
 from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
 from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
-from strata.errors import StrataError
+from strata.errors import OutOfMemory, StrataError
 from strata.model.config import config_from_metadata
 from strata.model.transformer import Transformer
 from strata.mtp.draft import DraftModel, find_draft
@@ -52,6 +53,34 @@ def _progress(log: Callable[[str], None], what: str) -> Callable[[int, int], Non
             log(f"strata: {what}: {total}/{total} done in {time.perf_counter() - t0:.1f} s")
 
     return report
+
+
+def _check_room(backend: Any, tensors, what: str) -> None:
+    """Refuse, before loading anything, a pack whose weights cannot fit what the device has free
+    (a lower bound of theirs against free memory: never a false refusal)."""
+    need, free = backend.weight_bytes(list(tensors)), backend.free_bytes()
+    if need is not None and free is not None and need > free:
+        raise OutOfMemory(f"{what} does not fit on {backend.name}: its weights take at least "
+                          f"{need / MiB:.0f} MiB there, {free / MiB:.0f} MiB is free ({_room_hint(backend)})")
+
+
+def _room_hint(backend: Any) -> str:
+    return "a smaller pack" if backend.name == "cpu" else "a smaller pack, or --device cpu"
+
+
+@contextlib.contextmanager
+def _load_errors(backend: Any, what: str):
+    """Running out of memory while loading `what` is the user's line, not a traceback."""
+    try:
+        yield
+    except OutOfMemory as e:
+        raise OutOfMemory(f"{what}: {e.message} ({_room_hint(backend)})") from None
+    except Exception as e:
+        if not backend.is_out_of_memory(e):
+            raise
+        backend.release_cached_memory()
+        raise OutOfMemory(f"{what}: out of memory on {backend.name} while loading its weights "
+                          f"({type(e).__name__}: {e}; {_room_hint(backend)})") from None
 
 
 class EngineCore:
@@ -101,8 +130,12 @@ class EngineCore:
             f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
+        label = pack.label if hasattr(pack, "label") else pack_arg
+        _check_room(backend, pack.tensors.values(), f"pack {label}")
         get = lambda name: pack.tensors.get(name)  # noqa: E731
-        self.model = Transformer(backend, cfg, get, progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
+        with _load_errors(backend, f"pack {label}"):
+            self.model = Transformer(backend, cfg, get,
+                                     progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
         self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
         self.parallel = opts.parallel
         self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
@@ -112,7 +145,8 @@ class EngineCore:
         if opts.spec > 0 and src is None:
             log("strata mtp: --spec given but no draft (no --mtp and no nextn tensors in the pack); MTP is off")
         if src is not None and opts.spec > 0:
-            draft = DraftModel(backend, cfg, src, self.model)
+            with _load_errors(backend, f"draft {src.label}"):
+                draft = DraftModel(backend, cfg, src, self.model)
             self.draft_state_bytes = draft.state_bytes(self.n_ctx, opts.kv)
             for i in range(opts.parallel):
                 log(f"strata mtp: slot {i}: shared draft weights ({src.nbytes / MiB:.1f} MiB, {src.label}), "

@@ -57,6 +57,7 @@ class FinishEvent:
     completion_tokens: int
     text_tail: str = ""  # text held back (pending stop-string prefix) released at the end
     error: str | None = None  # one line, when reason == "error"
+    code: str | None = None  # with "error": "out_of_memory" when the device had no room for the request
 
 
 class RequestHandle:

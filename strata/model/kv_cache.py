@@ -7,7 +7,7 @@ positions: entries past n are simply forgotten and overwritten later.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from strata.errors import StrataError
 
@@ -23,6 +23,10 @@ class KVCache:
         self.kind = kind
         self.length = 0  # positions [0, length) are valid in every layer
         self._cap = 0
+        # bumped whenever an array is replaced, so that whoever keeps their addresses (the CUDA
+        # backend's cache table) rebuilds them; a growth that runs out of memory half way leaves
+        # some layers replaced and _cap as it was
+        self.generation = 0
         self._k: list[Any] = []
         self._v: list[Any] = []
         self._ks: list[Any] = []
@@ -36,41 +40,53 @@ class KVCache:
         self._grow(min(initial, max_ctx))
 
     # --- storage -------------------------------------------------------------------------
-    def _alloc(self, cap: int):
+    def _rows(self, cap: int) -> Any:
+        """One layer's k (or v) storage for `cap` positions."""
+        return self.xp.zeros((self.n_kv, cap, self.d), self.xp.float16 if self.kind == "f16" else self.xp.int8)
+
+    def _storage(self) -> list[tuple[list[Any], Callable[[int], Any]]]:
+        """Every per-layer list of arrays this cache keeps, each with how to make one of a
+        capacity: k and v, their int8 scales, the CPU's float32 copies."""
         xp = self.xp
-        dt = xp.float16 if self.kind == "f16" else xp.int8
-        shape = (self.n_kv, cap, self.d)
-        return xp.zeros(shape, dt), xp.ones((self.n_kv, cap), xp.float32) if self.kind == "int8" else None
+        out = [(self._k, self._rows), (self._v, self._rows)]
+        if self.kind == "int8":
+            scales = lambda cap: xp.ones((self.n_kv, cap), xp.float32)  # noqa: E731
+            out += [(self._ks, scales), (self._vs, scales)]
+        if self._shadow:
+            decoded = lambda cap: xp.zeros((self.n_kv, cap, self.d), xp.float32)  # noqa: E731
+            out += [(self._kd, decoded), (self._vd, decoded)]
+        return out
 
     def _grow(self, need: int) -> None:
+        """Room for `need` positions: every array to one new capacity, a layer at a time (so the
+        old array goes as its successor comes: the peak is the old storage plus one array). Out
+        of memory half way, the arrays already replaced go back to the old capacity and the
+        error is raised: the cache is as it was, every array at the one capacity it reports."""
         if need <= self._cap:
             return
-        cap = max(need, min(self.max_ctx, max(self._cap * 2, 16)))
-        for name in ("_k", "_v"):
-            arrs = getattr(self, name)
-            scales = getattr(self, name + "s")
-            for layer in range(self.n_layer):
-                a, s = self._alloc(cap)
-                if layer < len(arrs):
-                    a[:, : self._cap] = arrs[layer][:, : self._cap]
-                    if s is not None:
-                        s[:, : self._cap] = scales[layer][:, : self._cap]
-                    arrs[layer] = a
-                    if s is not None:
-                        scales[layer] = s
-                else:
-                    arrs.append(a)
-                    if s is not None:
-                        scales.append(s)
-        if self._shadow:
-            for shadows in (self._kd, self._vd):
+        old = self._cap
+        cap = max(need, min(self.max_ctx, max(old * 2, 16)))
+        self.generation += 1
+        moved: list[tuple[list[Any], int, Callable[[int], Any]]] = []
+        try:
+            for arrs, make in self._storage():
                 for layer in range(self.n_layer):
-                    a = self.xp.zeros((self.n_kv, cap, self.d), self.xp.float32)
-                    if layer < len(shadows):
-                        a[:, : self._cap] = shadows[layer][:, : self._cap]
-                        shadows[layer] = a
+                    a = make(cap)
+                    if layer < len(arrs):
+                        a[:, :old] = arrs[layer][:, :old]
+                        arrs[layer] = a
                     else:
-                        shadows.append(a)
+                        arrs.append(a)
+                    moved.append((arrs, layer, make))
+        except BaseException:
+            for arrs, layer, make in reversed(moved):
+                if old == 0:
+                    arrs.pop()
+                else:  # the blocks the replaced arrays had are free again: these fit
+                    b = make(old)
+                    b[:, :old] = arrs[layer][:, :old]
+                    arrs[layer] = b
+            raise
         self._cap = cap
 
     @property

@@ -62,10 +62,10 @@ def reference(path: str):
 class Float32KV(KVCache):
     """A KV cache that keeps float32 (no f16 rounding): isolates the forward pass's arithmetic
     from the cache's storage rounding when comparing with the float64 recomputation.
-    Relies on KVCache storing what _alloc returns and reading it back with astype(float32)."""
+    Relies on KVCache storing what _rows returns and reading it back with astype(float32)."""
 
-    def _alloc(self, cap: int):
-        return self.xp.zeros((self.n_kv, cap, self.d), self.xp.float32), None
+    def _rows(self, cap: int):
+        return self.xp.zeros((self.n_kv, cap, self.d), self.xp.float32)
 
 
 def new_cache(model, kind: str = "f16", max_ctx: int = 512) -> KVCache:

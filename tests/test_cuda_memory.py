@@ -1,0 +1,99 @@
+"""Out of GPU memory, for real (CuPy's pool limit: CUPY_GPU_MEMORY_LIMIT in a child process,
+pool.set_limit in this one): the user gets one line or one failed request, never a traceback
+or a dead engine. The CPU side of the same paths: tests/test_out_of_memory.py.
+
+* `strata generate` on a pack larger than the memory the device has free: exit 2, one line,
+  before anything is loaded.
+* An upload that finds no room: OutOfMemory naming the tensor.
+* A request whose KV cache cannot grow ends (out_of_memory); the request beside it keeps the
+  tokens it has alone, and the slot then serves the next request right (the cache's table on
+  the device is rebuilt after the failed growth).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.gpu import require_cuda, synth_for_gpu
+
+cp = require_cuda()
+
+from strata.backend.cuda import CudaBackend  # noqa: E402
+from strata.errors import OutOfMemory  # noqa: E402
+from tests.support.engines import greedy, load_engine, request  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # 8 layers: a KV cache doubling past 16384 positions asks for 64 MiB more, far more than a
+    # window's own buffers
+    return synth_for_gpu(tmp_path_factory.mktemp("oom-gpu"), "llama", n_layer=8)
+
+
+@pytest.fixture
+def pool_limit():
+    """Sets the pool's limit (bytes beyond what it holds now); no limit again afterwards."""
+    pool = cp.get_default_memory_pool()
+
+    def set_(headroom: int) -> None:
+        pool.set_limit(size=pool.total_bytes() + headroom)
+
+    yield set_
+    pool.set_limit(size=0)
+
+
+def test_a_pack_larger_than_the_free_gpu_memory_is_one_line(tiny):
+    env = dict(os.environ, CUPY_GPU_MEMORY_LIMIT=str(512 * 1024), PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "strata.cli.main", "generate", "--pack", str(tiny), "--device", "cuda",
+                        "--prompt", "hi", "--max-tokens", "2"], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"strata: pack {tiny} does not fit on cuda: its weights take at least ")
+    assert "MiB is free (a smaller pack, or --device cpu)" in last
+
+
+def test_an_upload_without_room_names_the_tensor(pool_limit):
+    backend = CudaBackend()
+    pool_limit(1 << 20)
+    with pytest.raises(OutOfMemory, match=r"^out of GPU memory loading blk\.3\.ffn_up\.weight: 8\.0 MiB needed, "
+                                          r"[0-9.]+ MiB free$"):
+        backend._device(np.zeros(2 << 20, dtype=np.float32), "blk.3.ffn_up.weight")
+
+
+def test_a_request_whose_kv_cache_finds_no_room_ends_alone(tiny, pool_limit):
+    core, lines = load_engine(["--pack", str(tiny), "--device", "cuda", "--parallel", "2", "--max-context", "65536"])
+    core.scheduler.log = lines.append
+    short = [1, 17, 230, 45, 99, 12]
+    h = core.submit(request(short, greedy(24)))
+    core.scheduler.run_until_idle()
+    want = h.collect(timeout=120)[0]
+    per_token = core.scheduler.slots[0].cache.nbytes // core.scheduler.slots[0].cache._cap
+    # room for the long prompt's cache at 16384 positions and 32 MiB of window buffers: its growth
+    # to 32768 runs out half way (array by array), and is rolled back
+    pool_limit(16384 * per_token + (32 << 20))
+    rng = np.random.default_rng(0)
+    long_prompt = [1] + [int(t) for t in rng.integers(2, 1000, 19999)]
+    handles = [core.submit(request(short, greedy(24))), core.submit(request(long_prompt, greedy(4)))]
+    core.scheduler.run_until_idle()
+    (ids0, _, fin0), (ids1, _, fin1) = (x.collect(timeout=300) for x in handles)
+    assert fin1.reason == "error" and fin1.code == "out_of_memory", fin1
+    assert "KV cache could not grow to" in fin1.error
+    assert fin0.reason == "length" and ids0 == want
+    said = [ln for ln in lines if "out of memory growing its KV cache" in ln]
+    assert len(said) == 1 and "slot 1" in said[0]
+    # slot 1 again (slot 0 busy first): its cache, after the failed growth, serves right
+    handles = [core.submit(request(short, greedy(24))), core.submit(request(short, greedy(24)))]
+    core.scheduler.run_until_idle()
+    for x in handles:
+        ids, _, fin = x.collect(timeout=120)
+        assert fin.reason == "length" and ids == want
