@@ -1381,6 +1381,13 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s20f)  # the out-of-memory GPU tests again (the child-process test's label fixed), and decode new vs the
+       # session start (.gl/base = e3aaf98): the window path now grows caches before the window and checks a
+       # cache's generation
+  timeout 200 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -3
+  synth_big
+  decode_pairs "seed-moe-full dense-8b" "new base"
+  ;;
 s20e)  # out of GPU memory: the new tests (pool limits, a child process), then the GPU tests of what the change
        # touches (the KV cache's table rebuilt by generation, free_bytes with the pool): window, backend, host tests
   timeout 200 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -15
