@@ -453,7 +453,8 @@ class Scheduler:
     def _with_room(self, entries: list[_Entry]) -> list[_Entry]:
         """Each entry's KV cache grown for its tokens before the window. A request whose cache
         finds no memory ends (out_of_memory, said once) and the window goes on without it: the
-        other requests keep their tokens, and its memory goes back to the ones that follow."""
+        other requests keep their tokens. The cache keeps the capacity it had (a failed growth
+        is rolled back); what the backend holds cached for reuse goes back to the device."""
         kept = []
         for e in entries:
             cache = e.slot.cache
