@@ -2,26 +2,57 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from strata.backend.base import Backend
 from strata.errors import StrataError
 
+# The CUDA kernels' floor: cp.async and int8 mma.sync (m16n8k32) are Ampere's (sm_80) and later
+MIN_COMPUTE_CAPABILITY = 80
+
+
+def capability_problem(cc: int, name: str) -> str | None:
+    """Why a GPU of compute capability `cc` (86 for sm_86) cannot run the CUDA kernels."""
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return (f"{name} is sm_{cc}; Strata's CUDA kernels need sm_{MIN_COMPUTE_CAPABILITY} or newer "
+                f"(Ampere, Ada, Hopper, Blackwell)")
+    return None
+
+
+def cuda_problem() -> str | None:
+    """Why the CUDA backend cannot run on this machine's current GPU (None: it can)."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install raising at import
+        return f"CuPy is missing ({type(e).__name__})"
+    try:
+        if not cupy.cuda.is_available():
+            return "no CUDA device (CuPy sees no GPU)"
+        dev = cupy.cuda.Device()
+        cc = int(dev.compute_capability)
+        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+    except Exception as e:  # a driver too old for this CuPy, a device in a bad state
+        return f"CUDA is not usable here ({type(e).__name__}: {e})".splitlines()[0]
+    return capability_problem(cc, name.decode() if isinstance(name, bytes) else str(name))
+
 
 def cuda_available() -> bool:
-    try:
-        import cupy  # noqa: F401
-
-        return bool(cupy.cuda.is_available())
-    except Exception:
-        return False
+    return cuda_problem() is None
 
 
-def make_backend(device: str = "auto", *, no_native: set[str] | None = None, threads: int | None = None) -> Backend:
-    if device == "cpu" or (device == "auto" and not cuda_available()):
+def make_backend(device: str = "auto", *, no_native: set[str] | None = None, threads: int | None = None,
+                 log: Callable[[str], None] | None = None) -> Backend:
+    """`auto` takes the GPU when the CUDA backend can run there, else the CPU (saying why when
+    a GPU is there but cannot run it); `cuda` without a usable GPU is one clear line."""
+    problem = None if device == "cpu" else cuda_problem()
+    if device == "cpu" or (device == "auto" and problem is not None):
         from strata.backend.cpu import CpuBackend
 
+        if device == "auto" and log is not None and not problem.startswith(("CuPy is missing", "no CUDA device")):
+            log(f"strata: --device auto: {problem}; running on the CPU")
         return CpuBackend(threads=threads)
-    if not cuda_available():
-        raise StrataError("--device cuda: no CUDA device (CuPy is missing or sees no GPU)")
+    if problem is not None:
+        raise StrataError(f"--device cuda: {problem}")
     try:
         from strata.backend.cuda import CudaBackend
     except ImportError as e:

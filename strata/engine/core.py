@@ -103,7 +103,7 @@ class EngineCore:
         pack_arg = opts.pack
         mtp_arg = opts.mtp
         auto_mtp = False  # MTP turned on by DEFAULT_SPEC (not for seeded sampled requests), not by the user
-        backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads)
+        backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads, log=log)
         self.backend = backend
         if pack_arg is None and opts.native is None:
             from strata.mtp.defaults import default_draft_path, default_spec

@@ -140,6 +140,12 @@ def add_cuda_rows(table: NativeTable) -> bool:
         if not cupy.cuda.is_available():
             table.unavailable["cuda"] = "not built: no CUDA device"
             return False
+        from strata.backend.select import cuda_problem
+
+        problem = cuda_problem()  # a GPU the kernels cannot run on (older than sm_80)
+        if problem is not None:
+            table.unavailable["cuda"] = f"not built: {problem}"
+            return False
         from strata.kernels import cuda as cuda_kernels
 
         register = getattr(cuda_kernels, "register_native", None)
@@ -154,12 +160,13 @@ def add_cuda_rows(table: NativeTable) -> bool:
 
 
 def cuda_available() -> bool:
-    """True when CuPy imports, sees a device, and strata.kernels.cuda imports."""
-    try:
-        import cupy
+    """True when the CUDA backend can run on this GPU (strata.backend.select.cuda_problem) and
+    strata.kernels.cuda imports."""
+    from strata.backend.select import cuda_problem
 
-        if not cupy.cuda.is_available():
-            return False
+    if cuda_problem() is not None:
+        return False
+    try:
         import strata.kernels.cuda  # noqa: F401
     except Exception:
         return False
