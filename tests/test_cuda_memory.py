@@ -8,10 +8,13 @@ or a dead engine. The CPU side of the same paths: tests/test_out_of_memory.py.
 * A request whose KV cache cannot grow ends (out_of_memory); the request beside it keeps the
   tokens it has alone, and the slot then serves the next request right (the cache's table on
   the device is rebuilt after the failed growth).
+* An MTP draft that does not fit beside the model: MTP off, said once, its partial uploads
+  freed, and the engine serves.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -26,7 +29,7 @@ cp = require_cuda()
 
 from strata.backend.cuda import CudaBackend  # noqa: E402
 from strata.errors import OutOfMemory  # noqa: E402
-from tests.support.engines import greedy, load_engine, request  # noqa: E402
+from tests.support.engines import greedy, load_engine, make_seed_moe, request  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,3 +100,30 @@ def test_a_request_whose_kv_cache_finds_no_room_ends_alone(tiny, pool_limit):
     for x in handles:
         ids, _, fin = x.collect(timeout=120)
         assert fin.reason == "length" and ids == want
+
+
+def test_a_draft_without_room_turns_mtp_off_and_the_engine_serves(tmp_path):
+    pack = make_seed_moe(tmp_path / "seed")
+    pool = cp.get_default_memory_pool()
+    args = ["--pack", str(pack), "--device", "cuda", "--parallel", "2"]
+    gc.collect()
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    core, _ = load_engine(args)
+    model_bytes = pool.used_bytes() - before  # what the model alone takes (its 38 MB pack)
+    del core
+    gc.collect()
+    pool.free_all_blocks()
+    pool.set_limit(size=pool.total_bytes() + model_bytes + (1 << 20))  # the 3 MB draft does not fit
+    try:
+        core, lines = load_engine(args + ["--mtp", str(pack / "mtp"), "--spec", "2"])
+        assert core.draft is None
+        said = [ln for ln in lines if ln.startswith("strata mtp: draft ")]
+        assert len(said) == 1 and "out of GPU memory loading" in said[0] and said[0].endswith("; MTP is off")
+        assert pool.used_bytes() - before <= model_bytes + (1 << 20)  # its partial uploads are gone
+        h = core.submit(request([1, 17, 230, 45], greedy(8)))
+        core.scheduler.run_until_idle()
+        ids, _, fin = h.collect(timeout=120)
+        assert fin.reason == "length" and len(ids) == 8
+    finally:
+        pool.set_limit(size=0)

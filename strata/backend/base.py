@@ -121,6 +121,13 @@ class Backend(ABC):
     def release_cached_memory(self) -> None:
         """Give memory kept for reuse back, after running out (a no-op without such a cache)."""
 
+    def upload_mark(self) -> int:
+        """A point in the backend's uploads, for drop_uploads_since (a load that may fail)."""
+        return 0
+
+    def drop_uploads_since(self, mark: int) -> None:
+        """Forget the uploads made after `mark` (a draft that did not fit: its weights go)."""
+
     def argmax_rows(self, x: Any) -> Any:
         """Index of each row's largest value (the first on ties, as numpy)."""
         return self.xp.argmax(x, axis=-1)

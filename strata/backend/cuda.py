@@ -760,6 +760,13 @@ class CudaBackend(Backend):
     def release_cached_memory(self) -> None:
         self.xp.get_default_memory_pool().free_all_blocks()
 
+    def upload_mark(self) -> int:
+        return len(self._uploads)
+
+    def drop_uploads_since(self, mark: int) -> None:
+        for key in list(self._uploads)[mark:]:  # insertion order: the ones made after the mark
+            del self._uploads[key]
+
     def _device(self, host: np.ndarray, what: str) -> Any:
         """host on the device; out of memory there, one line naming what was being loaded."""
         try:

@@ -145,14 +145,22 @@ class EngineCore:
         if opts.spec > 0 and src is None:
             log("strata mtp: --spec given but no draft (no --mtp and no nextn tensors in the pack); MTP is off")
         if src is not None and opts.spec > 0:
-            with _load_errors(backend, f"draft {src.label}"):
-                draft = DraftModel(backend, cfg, src, self.model)
+            mark = backend.upload_mark()
+            try:
+                with _load_errors(backend, f"draft {src.label}"):
+                    draft = DraftModel(backend, cfg, src, self.model)
+            except OutOfMemory as e:  # the model serves without it: MTP off, said once
+                backend.drop_uploads_since(mark)
+                backend.release_cached_memory()
+                log(f"strata mtp: {e.message}; MTP is off")
+                src = None
+        elif src is not None:
+            log(f"strata mtp: draft found ({src.label}) but --spec is 0; MTP is off")
+        if draft is not None:
             self.draft_state_bytes = draft.state_bytes(self.n_ctx, opts.kv)
             for i in range(opts.parallel):
                 log(f"strata mtp: slot {i}: shared draft weights ({src.nbytes / MiB:.1f} MiB, {src.label}), "
                     f"{self.draft_state_bytes / MiB:.1f} MiB of private state and buffers at full context")
-        elif src is not None:
-            log(f"strata mtp: draft found ({src.label}) but --spec is 0; MTP is off")
         self.draft = draft
         slot_caps = self._probe(pack, src, log)
         if draft is not None and opts.batch_mtp and any(on for on, _ in slot_caps):
