@@ -1381,6 +1381,9 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s20i)  # a device that loses its context (a real trap in a child process): device_lost, on_fatal; the memory tests
+  timeout 300 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -15
+  ;;
 s20h)  # an MTP draft without room beside the model (MTP off, its partial uploads dropped), with the other memory tests
   timeout 300 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -15
   ;;

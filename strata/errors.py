@@ -22,3 +22,8 @@ class StrataError(Exception):
 class OutOfMemory(StrataError):
     """The device (or host) had no room for what was being loaded: a pack or draft larger than
     the memory left. A user-facing line like any StrataError (the message names the tensor)."""
+
+
+# The exit code of a process whose GPU lost its context (nothing more can run in it): the served
+# engine (strata serve starts a new one) and `strata generate`
+EXIT_DEVICE_LOST = 3

@@ -10,6 +10,9 @@ or a dead engine. The CPU side of the same paths: tests/test_out_of_memory.py.
   the device is rebuilt after the failed growth).
 * An MTP draft that does not fit beside the model: MTP off, said once, its partial uploads
   freed, and the engine serves.
+* A device that loses its context (a real trap, STRATA_FAULT_INJECT=gpu-trap@0, in a child
+  process): the window's request ends with code device_lost, the scheduler stops and calls
+  on_fatal (which a served engine answers by exiting, code 3, to be started again).
 """
 
 from __future__ import annotations
@@ -127,3 +130,47 @@ def test_a_draft_without_room_turns_mtp_off_and_the_engine_serves(tmp_path):
         assert fin.reason == "length" and len(ids) == 8
     finally:
         pool.set_limit(size=0)
+
+
+LOST_CONTEXT = """
+import os, sys, threading
+from strata.engine.core import EngineCore
+from strata.engine.options import parse_engine_args
+from strata.engine.protocol import GenerationRequest, SamplingParams
+core = EngineCore.load(parse_engine_args(["--pack", sys.argv[1], "--device", "cuda"], serving=False),
+                       log=lambda line: print(line, flush=True))
+fatal = threading.Event()
+core.scheduler.on_fatal = lambda why: (print("on_fatal:", why, flush=True), fatal.set())
+core.start()
+h = core.submit(GenerationRequest([1, 17, 230], SamplingParams(max_tokens=8, temperature=0.0)))
+ids, text, fin = h.collect(timeout=120)
+print("finish:", fin.reason, fin.code, fin.error, flush=True)
+assert fatal.wait(30)
+later = core.submit(GenerationRequest([1, 17, 230], SamplingParams(max_tokens=8, temperature=0.0)))
+fin = later.collect(timeout=30)[2]
+print("later:", fin.reason, fin.code, flush=True)
+os._exit(0)  # as the served engine does: a lost context must not run CuPy's finalizers
+"""
+
+
+def test_a_lost_gpu_context_ends_the_window_and_calls_on_fatal(tiny):
+    env = dict(os.environ, STRATA_FAULT_INJECT="gpu-trap@0", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", LOST_CONTEXT, str(tiny)], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=300)
+    out = r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in out + r.stderr
+    assert "finish: error device_lost the GPU failed: " in out
+    assert "strata batch: the GPU lost its context (CUDARuntimeError: " in out
+    assert "on_fatal: the GPU lost its context" in out
+    assert "later: error device_lost" in out  # nothing more runs on that device
+
+
+def test_generate_on_a_lost_gpu_is_one_line_and_exit_3(tiny):
+    env = dict(os.environ, STRATA_FAULT_INJECT="gpu-trap@0", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "strata.cli.main", "generate", "--pack", str(tiny), "--device", "cuda",
+                        "--prompt", "hi", "--max-tokens", "4"], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("strata: the GPU failed: ")

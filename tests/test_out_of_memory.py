@@ -10,6 +10,9 @@
   is loaded, and running out while loading is one line naming the tensor (tests/test_cuda_memory.py
   checks both on the GPU with a real memory limit).
 
+* A served engine whose device lost its context exits (code 3) so that `strata serve` starts a
+  new one (the GPU side, with a real trap: tests/test_cuda_memory.py).
+
 The CPU runs reach the out-of-memory paths through the scheduler's fault hook
 (STRATA_FAULT_INJECT="kv-grow@SLOT" raises MemoryError where that slot's cache grows).
 """
@@ -17,7 +20,10 @@ The CPU runs reach the out-of-memory paths through the scheduler's fault hook
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -30,6 +36,8 @@ from strata.model.kv_cache import KVCache
 from support.server_proc import start_serve
 from tests.support.engines import greedy, load_engine, request
 from tests.support.model_fixtures import synth_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Tight(KVCache):
@@ -187,3 +195,16 @@ def test_running_out_while_loading_is_one_line():
     with pytest.raises(ValueError):  # anything else is not the user's
         with _load_errors(dev, "pack p.gguf"):
             raise ValueError("a bug")
+
+
+def test_a_served_engine_that_lost_its_device_exits_to_be_started_again():
+    """engine_process's on_fatal (tests/test_cuda_memory.py reaches it through a real GPU trap):
+    one line, then exit code 3 once the answers have had time to go out (`strata serve` starts a
+    new engine on the next request, as after any crash)."""
+    code = ("import time\nfrom strata.server.engine_process import _exit_soon\n"
+            "_exit_soon(lambda line: print(line, flush=True), 'the GPU lost its context (test)')\n"
+            "print('still answering', flush=True)\ntime.sleep(30)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 3
+    assert r.stdout.splitlines() == ["strata engine: the GPU lost its context (test); exiting (code 3) so that it "
+                                     "can be started again", "still answering"]

@@ -121,6 +121,14 @@ class Backend(ABC):
     def release_cached_memory(self) -> None:
         """Give memory kept for reuse back, after running out (a no-op without such a cache)."""
 
+    def is_fatal(self, exc: BaseException) -> bool:
+        """Whether exc means the device can run nothing more in this process (a lost context)."""
+        return False
+
+    def inject_fault(self, kind: str) -> None:
+        """Test hook (the scheduler's STRATA_FAULT_INJECT device points): fault for real."""
+        raise RuntimeError(f"the {self.name} backend has no fault {kind!r} to inject")
+
     def upload_mark(self) -> int:
         """A point in the backend's uploads, for drop_uploads_since (a load that may fail)."""
         return 0

@@ -80,6 +80,12 @@ PROMPT_GEMM_ROWS = 256
 PROMPT_GEMM_MIN_WEIGHT = 1 << 22
 
 
+# CUDA errors after which the context can run nothing more (the process must start again):
+# ECC uncorrectable, hardware stack error, illegal instruction, misaligned address, invalid
+# address space, invalid PC, launch failure (a trap), illegal address
+STICKY_CUDA_ERRORS = frozenset({214, 714, 715, 716, 717, 718, 719, 700})
+
+
 def env_switch(name: str) -> bool:
     """An on/off switch from the environment: on unless set to 0 (benchmarks compare)."""
     return os.environ.get(name, "1") != "0"
@@ -759,6 +765,18 @@ class CudaBackend(Backend):
 
     def release_cached_memory(self) -> None:
         self.xp.get_default_memory_pool().free_all_blocks()
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        cp = self.xp
+        errors = (cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError)
+        return isinstance(exc, errors) and getattr(exc, "status", None) in STICKY_CUDA_ERRORS
+
+    def inject_fault(self, kind: str) -> None:
+        if kind != "gpu-trap":
+            super().inject_fault(kind)
+        trap = self.xp.RawKernel('extern "C" __global__ void strata_trap() { asm volatile("trap;"); }', "strata_trap")
+        trap((1,), (1,), ())
+        self.xp.cuda.Device().synchronize()  # the sticky error, here and in every call after
 
     def upload_mark(self) -> int:
         return len(self._uploads)

@@ -33,9 +33,11 @@ from strata.sampling import distribution, is_greedy, log_softmax, sampler_row
 class FaultInjector:
     """Test hook: STRATA_FAULT_INJECT="mtp-admit@1,mtp-draft@2" raises in that slot's MTP path;
     "kv-grow@1" makes slot 1's KV cache growth run out of memory (MemoryError, as a device or
-    host allocation that finds no room)."""
+    host allocation that finds no room); "gpu-trap@0" has the device trap in slot 0's window (a
+    real sticky CUDA error)."""
 
     RAISES = {"kv-grow": MemoryError}  # the rest raise RuntimeError
+    DEVICE = {"gpu-trap"}  # these make the backend fault for real (Backend.inject_fault)
 
     def __init__(self, spec: str | None = None):
         spec = os.environ.get("STRATA_FAULT_INJECT", "") if spec is None else spec
@@ -44,8 +46,11 @@ class FaultInjector:
             where, _, slot = part.partition("@")
             self.points.add((where, int(slot)))
 
-    def check(self, where: str, slot: int) -> None:
+    def check(self, where: str, slot: int, backend: Any = None) -> None:
         if (where, slot) in self.points:
+            if where in self.DEVICE:
+                backend.inject_fault(where)
+                return
             raise self.RAISES.get(where, RuntimeError)(f"injected fault at {where} for slot {slot}")
 
 
@@ -107,6 +112,8 @@ class Scheduler:
         self.queue: collections.deque[RequestHandle] = collections.deque()
         self.cv = threading.Condition()
         self.running = False
+        self.on_fatal: Callable[[str], None] | None = None  # the served engine exits (engine_process)
+        self.lost: str | None = None  # why the device can run nothing more, once it cannot
         self.thread: threading.Thread | None = None
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.windows = 0
@@ -115,6 +122,9 @@ class Scheduler:
     # ---- public, thread-safe ------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> RequestHandle:
         h = RequestHandle(req)
+        if self.lost is not None:  # the device can run nothing more (on_fatal was called)
+            h.events.put(FinishEvent("error", len(req.prompt_ids), 0, "", self.lost, "device_lost"))
+            return h
         with self.cv:
             self.queue.append(h)
             self.cv.notify()
@@ -147,21 +157,7 @@ class Scheduler:
                 if not self.running:
                     break
             self._admit()
-            try:
-                self.step()
-            except Exception as e:  # a bug must not take the engine down: end the window's requests
-                oom = self.model.b.is_out_of_memory(e)
-                self.log(f"strata batch: window failed: {type(e).__name__}: {e}")
-                if oom:  # not a bug: the window's requests end, their memory goes back
-                    self.model.b.release_cached_memory()
-                else:
-                    self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
-                for s in self.slots:
-                    if s.busy:
-                        if oom:
-                            self._finish(s, "error", error=f"out of memory: {e}", code="out_of_memory")
-                        else:
-                            self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
+            self._guarded_step()
         for s in self.slots:
             if s.busy:
                 self._finish(s, "cancelled")
@@ -175,7 +171,41 @@ class Scheduler:
             self._admit()
             if not any(s.busy for s in self.slots):
                 return
+            self._guarded_step()
+
+    def _guarded_step(self) -> None:
+        """One window; a failure ends that window's requests, never the engine. Out of memory
+        is the requests' (code out_of_memory); a device that lost its context (a sticky CUDA
+        error: every later window would fail) ends them with code device_lost and calls
+        on_fatal, which a served engine answers by exiting so that it is restarted."""
+        try:
             self.step()
+        except Exception as e:
+            b = self.model.b
+            oom, fatal = b.is_out_of_memory(e), b.is_fatal(e)
+            self.log(f"strata batch: window failed: {type(e).__name__}: {e}")
+            if oom:  # not a bug: the window's requests end, the cached memory goes back
+                b.release_cached_memory()
+            elif not fatal:
+                self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
+            if fatal:
+                why = f"the GPU lost its context ({type(e).__name__}: {e}); no later window can run"
+                self.log(f"strata batch: {why}")
+            for s in self.slots:
+                if not s.busy:
+                    continue
+                if oom:
+                    self._finish(s, "error", error=f"out of memory: {e}", code="out_of_memory")
+                elif fatal:
+                    self._finish(s, "error", error=f"the GPU failed: {e}", code="device_lost")
+                else:
+                    self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
+            if fatal:
+                with self.cv:
+                    self.lost = f"the GPU failed earlier: {e}"
+                    self.running = False  # the loop ends; queued requests are cancelled
+                if self.on_fatal is not None:
+                    self.on_fatal(why)
 
     def _admit(self) -> None:
         for s in self.slots:
@@ -266,6 +296,8 @@ class Scheduler:
         entries = self._with_room([e for e in entries if e.slot.busy])
         if not entries:
             return
+        for e in entries:
+            self.faults.check("gpu-trap", e.slot.index, self.model.b)
         self.windows += 1
         long_prompt = self.model.b.long_prompt_tokens
         spans = [Span(e.slot.cache, e.slot.cache.length, len(e.tokens),

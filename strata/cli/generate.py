@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 from strata.engine.options import EngineOptions, add_engine_arguments
 from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.errors import EXIT_DEVICE_LOST
 
 
 def add_arguments(p) -> None:
@@ -61,6 +63,11 @@ def run(args) -> int:
             sys.stdout.flush()
     text.append(ev.text_tail)
     t2 = time.perf_counter()
+    if ev.reason == "error" and ev.code == "device_lost":
+        # the GPU can run nothing more: the line, then out without CuPy's finalizers (which would
+        # fail on the lost context)
+        print(f"strata: {ev.error}", file=sys.stderr, flush=True)
+        os._exit(EXIT_DEVICE_LOST)
     if ev.reason == "error":
         raise StrataError(ev.error or "generation failed")
     if args.json:

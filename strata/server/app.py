@@ -207,8 +207,8 @@ class EngineAPI:
 
     def _ended_error(self, fin: FinishEvent) -> APIError | None:
         """The error to report for a generation that did not end normally."""
-        if fin.reason == "error" and fin.code == "out_of_memory":  # no room for it now: worth a retry
-            return APIError("unavailable_error", fin.error or "out of memory", code="out_of_memory")
+        if fin.reason == "error" and fin.code in ("out_of_memory", "device_lost"):  # worth a retry
+            return APIError("unavailable_error", fin.error or "generation failed", code=fin.code)
         if fin.reason == "error":
             return APIError("server_error", fin.error or "generation failed")
         if fin.reason == "cancelled" and self.drain.expired.is_set():

@@ -17,7 +17,7 @@ import traceback
 from typing import Callable
 
 from strata.engine.options import EngineOptions
-from strata.errors import StrataError
+from strata.errors import EXIT_DEVICE_LOST, StrataError
 from strata.server.app import EngineAPI
 from strata.server.serving import bind, request_exit, serve
 
@@ -34,6 +34,15 @@ def log_stderr(line: str) -> None:
 def _exit_now(log: Callable[[str], None], why: str) -> None:
     log(f"strata engine: {why}; exiting")
     os._exit(0)
+
+
+def _exit_soon(log: Callable[[str], None], why: str) -> None:
+    """The engine can serve nothing more (the scheduler's on_fatal): exit once the window's
+    requests have had their error answers written, so that `strata serve` starts a new one."""
+    log(f"strata engine: {why}; exiting (code {EXIT_DEVICE_LOST}) so that it can be started again")
+    timer = threading.Timer(0.5, os._exit, args=(EXIT_DEVICE_LOST,))
+    timer.daemon = True
+    timer.start()
 
 
 def _set_pdeathsig() -> None:
@@ -95,6 +104,7 @@ def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loa
     def load() -> None:
         try:
             core = loader(opts, log)
+            core.scheduler.on_fatal = lambda why: _exit_soon(log, why)
             core.start()
             loaded["core"] = core
             api.attach(core)
