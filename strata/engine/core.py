@@ -126,11 +126,11 @@ class EngineCore:
         md = pack.metadata
         cfg = config_from_metadata(md)
         self.cfg = cfg
-        log(f"strata: pack {pack.label if hasattr(pack, 'label') else pack_arg}: {cfg.arch}, {cfg.n_layer} layers, "
+        label = pack.label if hasattr(pack, "label") else pack_arg
+        log(f"strata: pack {label}: {cfg.arch}, {cfg.n_layer} layers, "
             f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
-        label = pack.label if hasattr(pack, "label") else pack_arg
         _check_room(backend, pack.tensors.values(), f"pack {label}")
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         with _load_errors(backend, f"pack {label}"):
