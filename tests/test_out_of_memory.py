@@ -208,3 +208,14 @@ def test_a_served_engine_that_lost_its_device_exits_to_be_started_again():
     assert r.returncode == 3
     assert r.stdout.splitlines() == ["strata engine: the GPU lost its context (test); exiting (code 3) so that it "
                                      "can be started again", "still answering"]
+
+
+def test_start_up_says_when_full_contexts_would_not_fit(tiny):
+    """A sizing note, not a refusal: the caches grow as requests need them."""
+    _, lines = load_engine(["--pack", str(tiny), "--device", "cpu", "--parallel", "2", "--max-context", str(1 << 28)])
+    said = [ln for ln in lines if "KV caches at full context" in ln]
+    assert len(said) == 1
+    assert said[0].startswith("strata: the KV caches at full context would take ")
+    assert f"(2 slot(s) x {1 << 28} tokens, --kv f16)" in said[0] and said[0].endswith("may end with out_of_memory (503)")
+    _, lines = load_engine(["--pack", str(tiny), "--device", "cpu", "--parallel", "2", "--max-context", "4096"])
+    assert not [ln for ln in lines if "KV caches at full context" in ln]

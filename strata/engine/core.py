@@ -180,7 +180,22 @@ class EngineCore:
                             spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
                             fused_drafts=fused, plain_for_seeded=auto_mtp),
             proposer=proposer, slot_batch_mtp=slot_caps, log=log)
+        self._say_kv_room(log)
         return self
+
+    def _say_kv_room(self, log: Callable[[str], None]) -> None:
+        """Said at start-up when every slot at full context would not fit the free memory: the KV
+        caches grow as requests need them, and one that finds no room ends that request alone
+        (out_of_memory), so this is a sizing note, not a refusal."""
+        per = self.scheduler.slots[0].cache.bytes_per_position
+        full = self.parallel * self.n_ctx * per
+        free = self.backend.free_bytes()
+        if free is None or full <= free:
+            return
+        GiB = 1024 * MiB
+        log(f"strata: the KV caches at full context would take {full / GiB:.1f} GiB ({self.parallel} slot(s) x "
+            f"{self.n_ctx} tokens, --kv {self.opts.kv}), {free / GiB:.1f} GiB is free: with every slot busy, a request "
+            f"past about {free // (self.parallel * per)} tokens may end with out_of_memory (503)")
 
     def _probe(self, pack: Any, src: Any, log: Callable[[str], None]) -> list[tuple[bool, str | None]]:
         """Per slot: may it verify its own proposal inside a batched window? (the probe decides)"""

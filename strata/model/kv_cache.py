@@ -94,6 +94,11 @@ class KVCache:
         total = sum(int(a.nbytes) for a in self._k + self._v + self._kd + self._vd)
         return total + sum(int(a.nbytes) for a in self._ks + self._vs)
 
+    @property
+    def bytes_per_position(self) -> int:
+        """What one more position costs this cache (every layer, k and v, scales, CPU copies)."""
+        return self.nbytes // max(1, self._cap)
+
     # --- access ---------------------------------------------------------------------------
     def ensure(self, end: int) -> None:
         if end > self.max_ctx:
