@@ -1381,6 +1381,26 @@ s19h)  # the test model joined: GPU vs CPU (test model, and seed-moe batch-MTP o
   STRATA_TEST_MODEL=/tmp/tm.gguf timeout 280 python3 -m pytest -q tests/test_cuda_vs_cpu.py tests/test_cuda_backend.py > $OUT/tests.log 2>&1
   tail -1 $OUT/tests.log; grep -E "^(FAILED|E   )" $OUT/tests.log | head -20
   ;;
+s20m)  # the draft test after the other memory tests, gc.collect() before the partial draft's memory goes back
+  timeout 100 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -3
+  ;;
+s20l)  # the memory tests after other GPU tests in the same process (their pool's free blocks): S20-12
+  timeout 300 python3 -m pytest -q tests/test_cuda_backend.py tests/test_cuda_window.py -k "not replay" tests/test_cuda_memory.py \
+      > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|ERROR|E   )" $OUT/tests.log | head -20
+  ;;
+s20j)  # the final tree: the test model's first half to /tmp, the GPU test files not run since the change
+  cp .models/tm.part1 /tmp/tm.part1
+  timeout 400 python3 -m pytest -q tests/test_cuda_pdl.py tests/test_cuda_prefill.py tests/test_cuda_sample.py \
+      tests/test_cuda_launch_layout.py tests/test_cuda_prefill_host.py tests/test_cuda_attention_prefill.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|ERROR|E   )" $OUT/tests.log | head -20
+  ;;
+s20k)  # the test model joined: GPU vs CPU (with the reference outputs), backend, window, memory
+  cat /tmp/tm.part1 .models/tm.part2 > /tmp/tm.gguf
+  STRATA_TEST_MODEL=/tmp/tm.gguf STRATA_SHARED=$PWD/.models/shared timeout 500 python3 -m pytest -q tests/test_cuda_vs_cpu.py \
+      tests/test_cuda_backend.py tests/test_cuda_memory.py > $OUT/tests.log 2>&1
+  tail -1 $OUT/tests.log; grep -E "^(FAILED|ERROR|E   )" $OUT/tests.log | head -20
+  ;;
 s20i)  # a device that loses its context (a real trap in a child process): device_lost, on_fatal; the memory tests
   timeout 300 python3 -m pytest -q tests/test_cuda_memory.py 2>&1 | tail -15
   ;;

@@ -46,10 +46,13 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture
 def pool_limit():
-    """Sets the pool's limit (bytes beyond what it holds now); no limit again afterwards."""
+    """Sets the pool's limit (bytes beyond what is in use now: the blocks it holds free, from
+    earlier tests, go back first, or they would serve past the limit); no limit afterwards."""
     pool = cp.get_default_memory_pool()
 
     def set_(headroom: int) -> None:
+        gc.collect()
+        pool.free_all_blocks()
         pool.set_limit(size=pool.total_bytes() + headroom)
 
     yield set_
@@ -139,13 +142,14 @@ from strata.engine.options import parse_engine_args
 from strata.engine.protocol import GenerationRequest, SamplingParams
 core = EngineCore.load(parse_engine_args(["--pack", sys.argv[1], "--device", "cuda"], serving=False),
                        log=lambda line: print(line, flush=True))
-fatal = threading.Event()
-core.scheduler.on_fatal = lambda why: (print("on_fatal:", why, flush=True), fatal.set())
+fatal, whys = threading.Event(), []
+core.scheduler.on_fatal = lambda why: (whys.append(why), fatal.set())
 core.start()
 h = core.submit(GenerationRequest([1, 17, 230], SamplingParams(max_tokens=8, temperature=0.0)))
 ids, text, fin = h.collect(timeout=120)
 print("finish:", fin.reason, fin.code, fin.error, flush=True)
 assert fatal.wait(30)
+print("on_fatal:", whys, flush=True)
 later = core.submit(GenerationRequest([1, 17, 230], SamplingParams(max_tokens=8, temperature=0.0)))
 fin = later.collect(timeout=30)[2]
 print("later:", fin.reason, fin.code, flush=True)
@@ -162,7 +166,7 @@ def test_a_lost_gpu_context_ends_the_window_and_calls_on_fatal(tiny):
     assert "Traceback" not in out + r.stderr
     assert "finish: error device_lost the GPU failed: " in out
     assert "strata batch: the GPU lost its context (CUDARuntimeError: " in out
-    assert "on_fatal: the GPU lost its context" in out
+    assert "on_fatal: ['the GPU lost its context (CUDARuntimeError: " in out
     assert "later: error device_lost" in out  # nothing more runs on that device
 
 
@@ -174,3 +178,17 @@ def test_generate_on_a_lost_gpu_is_one_line_and_exit_3(tiny):
     assert r.returncode == 3, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("strata: the GPU failed: ")
+
+
+def test_slots_whose_kv_caches_find_no_room_at_start_are_one_line(tiny, pool_limit):
+    pool = cp.get_default_memory_pool()
+    gc.collect()
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    core, _ = load_engine(["--pack", str(tiny), "--device", "cuda"])
+    one = pool.used_bytes() - before  # the model and one slot's first KV block (256 positions)
+    per_slot = core.scheduler.slots[0].cache.nbytes
+    del core
+    pool_limit(one + 4 * per_slot)  # 64 slots need 63 more
+    with pytest.raises(OutOfMemory, match=r"^the KV caches of 64 slot\(s\): out of memory on cuda \(OutOfMemoryError: "):
+        load_engine(["--pack", str(tiny), "--device", "cuda", "--parallel", "64"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import sys
 import time
 from typing import Any, Callable
@@ -70,7 +71,8 @@ def _room_hint(backend: Any) -> str:
 
 @contextlib.contextmanager
 def _load_errors(backend: Any, what: str):
-    """Running out of memory while loading `what` is the user's line, not a traceback."""
+    """Running out of memory while making `what` (a pack's weights, a draft's, the slots' KV
+    caches) is the user's line, not a traceback."""
     try:
         yield
     except OutOfMemory as e:
@@ -79,7 +81,7 @@ def _load_errors(backend: Any, what: str):
         if not backend.is_out_of_memory(e):
             raise
         backend.release_cached_memory()
-        raise OutOfMemory(f"{what}: out of memory on {backend.name} while loading its weights "
+        raise OutOfMemory(f"{what}: out of memory on {backend.name} "
                           f"({type(e).__name__}: {e}; {_room_hint(backend)})") from None
 
 
@@ -145,14 +147,17 @@ class EngineCore:
         if opts.spec > 0 and src is None:
             log("strata mtp: --spec given but no draft (no --mtp and no nextn tensors in the pack); MTP is off")
         if src is not None and opts.spec > 0:
-            mark = backend.upload_mark()
+            mark, missed = backend.upload_mark(), None
             try:
                 with _load_errors(backend, f"draft {src.label}"):
                     draft = DraftModel(backend, cfg, src, self.model)
             except OutOfMemory as e:  # the model serves without it: MTP off, said once
+                missed = e.message
+            if missed is not None:  # (out of the except clause: its traceback held the partial draft)
                 backend.drop_uploads_since(mark)
+                gc.collect()  # the exceptions' frames form cycles that still hold its arrays
                 backend.release_cached_memory()
-                log(f"strata mtp: {e.message}; MTP is off")
+                log(f"strata mtp: {missed}; MTP is off")
                 src = None
         elif src is not None:
             log(f"strata mtp: draft found ({src.label}) but --spec is 0; MTP is off")
@@ -173,13 +178,14 @@ class EngineCore:
         if draft is not None and opts.spec == 1 and fused:
             log("strata mtp: fused drafting on (a greedy verification window drafts the next one; "
                 "STRATA_MTP_FUSED=0 turns it off)")
-        self.scheduler = Scheduler(
-            self.model, self.tokenizer,
-            SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
-                            prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
-                            spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
-                            fused_drafts=fused, plain_for_seeded=auto_mtp),
-            proposer=proposer, slot_batch_mtp=slot_caps, log=log)
+        with _load_errors(backend, f"the KV caches of {opts.parallel} slot(s)"):
+            self.scheduler = Scheduler(
+                self.model, self.tokenizer,
+                SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
+                                prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
+                                spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
+                                fused_drafts=fused, plain_for_seeded=auto_mtp),
+                proposer=proposer, slot_batch_mtp=slot_caps, log=log)
         self._say_kv_room(log)
         return self
 
