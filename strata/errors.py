@@ -20,8 +20,9 @@ class StrataError(Exception):
 
 
 class OutOfMemory(StrataError):
-    """The device (or host) had no room for what was being loaded: a pack or draft larger than
-    the memory left. A user-facing line like any StrataError (the message names the tensor)."""
+    """The device (or host) had no room for what was being loaded: a pack's weights, a draft's,
+    the slots' first KV blocks. A user-facing line like any StrataError (the message names what
+    was being loaded: the pack, the tensor, the slots)."""
 
 
 # The exit code of a process whose GPU lost its context (nothing more can run in it): the served

@@ -23,9 +23,9 @@ class KVCache:
         self.kind = kind
         self.length = 0  # positions [0, length) are valid in every layer
         self._cap = 0
-        # bumped whenever an array is replaced, so that whoever keeps their addresses (the CUDA
-        # backend's cache table) rebuilds them; a growth that runs out of memory half way leaves
-        # some layers replaced and _cap as it was
+        # bumped whenever arrays are replaced, so that whoever keeps their addresses (the CUDA
+        # backend's cache table) rebuilds them: a growth, also one rolled back after running out
+        # of memory half way (its capacity is the old one, but some arrays moved twice)
         self.generation = 0
         self._k: list[Any] = []
         self._v: list[Any] = []
