@@ -14,7 +14,7 @@ import strata.backend.select as select
 from strata.errors import StrataError
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD_GPU = select.capability_problem(75, "Tesla T4")
+OLD_GPU = select.CudaProblem(select.capability_problem(75, "Tesla T4"), gpu=True)
 
 
 @pytest.mark.parametrize("cc,ok", [(75, False), (70, False), (80, True), (86, True), (89, True), (90, True),
@@ -23,18 +23,20 @@ def test_the_kernels_floor_is_sm_80(cc, ok):
     problem = select.capability_problem(cc, "GPU X")
     assert (problem is None) == ok
     if not ok:
-        assert problem == f"GPU X is sm_{cc}; Strata's CUDA kernels need sm_80 or newer (Ampere, Ada, Hopper, Blackwell)"
+        assert problem == (f"GPU X is sm_{cc}; Strata's CUDA kernels need sm_80 or newer "
+                           "(Ampere, Ada, Hopper, Blackwell)")
 
 
 def test_auto_on_an_old_gpu_runs_on_the_cpu_and_says_why(monkeypatch):
     monkeypatch.setattr(select, "cuda_problem", lambda: OLD_GPU)
     lines: list[str] = []
     assert select.make_backend("auto", log=lines.append).name == "cpu"
-    assert lines == [f"strata: --device auto: {OLD_GPU}; running on the CPU"]
+    assert lines == [f"strata: --device auto: {OLD_GPU.why}; running on the CPU"]
 
 
 def test_auto_without_a_gpu_runs_on_the_cpu_quietly(monkeypatch):
-    monkeypatch.setattr(select, "cuda_problem", lambda: "no CUDA device (CuPy sees no GPU)")
+    none = select.CudaProblem("no CUDA device (CuPy sees no GPU)", gpu=False)
+    monkeypatch.setattr(select, "cuda_problem", lambda: none)
     lines: list[str] = []
     assert select.make_backend("auto", log=lines.append).name == "cpu"
     assert lines == []
@@ -55,12 +57,12 @@ def test_cuda_where_it_cannot_run_exits_2_with_one_line():
     r = subprocess.run([sys.executable, "-m", "strata.cli.main", "generate", "--device", "cuda", "--prompt", "hi"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == [f"strata: --device cuda: {problem}"]
+    assert r.stderr.strip().splitlines() == [f"strata: --device cuda: {problem.why}"]
 
 
 def test_a_gpu_that_runs_the_kernels_is_taken():
     pytest.importorskip("cupy")
     if select.cuda_problem() is not None:
-        pytest.skip(select.cuda_problem())
+        pytest.skip(select.cuda_problem().why)
     assert select.make_backend("auto").name == "cuda"
     assert select.make_backend("cuda").name == "cuda"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from strata.backend.base import Backend
@@ -19,21 +20,31 @@ def capability_problem(cc: int, name: str) -> str | None:
     return None
 
 
-def cuda_problem() -> str | None:
+@dataclass(frozen=True)
+class CudaProblem:
+    """Why the CUDA backend cannot run here, and whether a GPU is there all the same (then
+    `--device auto` says why it runs on the CPU; without one it says nothing)."""
+
+    why: str
+    gpu: bool
+
+
+def cuda_problem() -> CudaProblem | None:
     """Why the CUDA backend cannot run on this machine's current GPU (None: it can)."""
     try:
         import cupy
     except Exception as e:  # ImportError, or a broken CUDA install raising at import
-        return f"CuPy is missing ({type(e).__name__})"
+        return CudaProblem(f"CuPy is missing ({type(e).__name__})", gpu=False)
     try:
         if not cupy.cuda.is_available():
-            return "no CUDA device (CuPy sees no GPU)"
+            return CudaProblem("no CUDA device (CuPy sees no GPU)", gpu=False)
         dev = cupy.cuda.Device()
         cc = int(dev.compute_capability)
         name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
     except Exception as e:  # a driver too old for this CuPy, a device in a bad state
-        return f"CUDA is not usable here ({type(e).__name__}: {e})".splitlines()[0]
-    return capability_problem(cc, name.decode() if isinstance(name, bytes) else str(name))
+        return CudaProblem(f"CUDA is not usable here ({type(e).__name__}: {e})".splitlines()[0], gpu=True)
+    why = capability_problem(cc, name.decode() if isinstance(name, bytes) else str(name))
+    return None if why is None else CudaProblem(why, gpu=True)
 
 
 def cuda_available() -> bool:
@@ -48,11 +59,11 @@ def make_backend(device: str = "auto", *, no_native: set[str] | None = None, thr
     if device == "cpu" or (device == "auto" and problem is not None):
         from strata.backend.cpu import CpuBackend
 
-        if device == "auto" and log is not None and not problem.startswith(("CuPy is missing", "no CUDA device")):
-            log(f"strata: --device auto: {problem}; running on the CPU")
+        if device == "auto" and log is not None and problem.gpu:
+            log(f"strata: --device auto: {problem.why}; running on the CPU")
         return CpuBackend(threads=threads)
     if problem is not None:
-        raise StrataError(f"--device cuda: {problem}")
+        raise StrataError(f"--device cuda: {problem.why}")
     try:
         from strata.backend.cuda import CudaBackend
     except ImportError as e:

@@ -131,21 +131,13 @@ def add_cuda_rows(table: NativeTable) -> bool:
     The CUDA module is optional (written separately, needs CuPy): any failure to import or
     to find a device marks the backend "not built" instead of failing.
     """
-    try:
-        import cupy  # noqa: F401 - presence check only
-    except Exception as e:  # ImportError, or a broken CUDA install raising at import
-        table.unavailable["cuda"] = f"not built: CuPy is not importable ({type(e).__name__})"
+    from strata.backend.select import cuda_problem
+
+    problem = cuda_problem()  # no CuPy, no device, or a GPU the kernels cannot run on (< sm_80)
+    if problem is not None:
+        table.unavailable["cuda"] = f"not built: {problem.why}"
         return False
     try:
-        if not cupy.cuda.is_available():
-            table.unavailable["cuda"] = "not built: no CUDA device"
-            return False
-        from strata.backend.select import cuda_problem
-
-        problem = cuda_problem()  # a GPU the kernels cannot run on (older than sm_80)
-        if problem is not None:
-            table.unavailable["cuda"] = f"not built: {problem}"
-            return False
         from strata.kernels import cuda as cuda_kernels
 
         register = getattr(cuda_kernels, "register_native", None)
