@@ -186,20 +186,17 @@ class Scheduler:
             self.log(f"strata batch: window failed: {type(e).__name__}: {e}")
             if oom:  # not a bug: the window's requests end, the cached memory goes back
                 b.release_cached_memory()
-            elif not fatal:
-                self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
-            if fatal:
+                error, code = f"out of memory: {e}", "out_of_memory"
+            elif fatal:
                 why = f"the GPU lost its context ({type(e).__name__}: {e}); no later window can run"
                 self.log(f"strata batch: {why}")
+                error, code = f"the GPU failed: {e}", "device_lost"
+            else:
+                self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
+                error, code = f"internal error: {type(e).__name__}: {e}", None
             for s in self.slots:
-                if not s.busy:
-                    continue
-                if oom:
-                    self._finish(s, "error", error=f"out of memory: {e}", code="out_of_memory")
-                elif fatal:
-                    self._finish(s, "error", error=f"the GPU failed: {e}", code="device_lost")
-                else:
-                    self._finish(s, "error", error=f"internal error: {type(e).__name__}: {e}")
+                if s.busy:
+                    self._finish(s, "error", error=error, code=code)
             if fatal:
                 with self.cv:
                     self.lost = f"the GPU failed earlier: {e}"
