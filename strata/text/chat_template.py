@@ -6,6 +6,10 @@ lstrip_blocks, the loop-controls extension ({% break %}/{% continue %}), a `tojs
 neither HTML-escapes nor ASCII-escapes, and the globals `raise_exception` and
 `strftime_now`. OpenAI-style list content is flattened to text first (text parts joined
 with newlines, as llama.cpp's server does), since most templates expect a string.
+
+The template came with the model file, so it renders under limits (template_limits.py): one
+that runs too long or makes too much text fails that render with a TemplateLimitError, and a
+file whose template breaks a limit on a sample conversation fails at load, naming the key.
 """
 
 from __future__ import annotations
@@ -17,10 +21,17 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from strata.errors import StrataError
+from strata.text.template_limits import (
+    Budget,
+    ChatTemplateError,
+    LimitedEnvironment,
+    TemplateLimitError,
+    TemplateLimits,
+    applied,
+    text_size,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +65,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = LimitedEnvironment()
     env.filters["tojson"] = _tojson
+    env.limit_filters()
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -108,23 +120,43 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-class ChatTemplate:
-    """A compiled chat template plus the BOS/EOS texts it may refer to."""
+# The conversation every pack's template renders once at load, under the render limits: a
+# system prompt and two turns, as most templates expect.
+SAMPLE = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3 + 3?"},
+]
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = TEMPLATE_KEY):
+
+class ChatTemplate:
+    """A compiled chat template plus the BOS/EOS texts it may refer to. Renders run under
+    `limits` (template_limits.py), on any thread, several at once."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", origin: str = TEMPLATE_KEY,
+                 limits: TemplateLimits = TemplateLimits()):
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.origin = origin
+        self.limits = limits
+        if len(source) > limits.source_chars:
+            raise StrataError(f"{origin}: the chat template is {len(source)} characters, past its limit of "
+                              f"{limits.source_chars}")
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise StrataError(f"{origin}: template syntax error at line {e.lineno}: {e.message}") from None
+        except Exception as e:  # jinja's own limits on odd sources: a 10,000-digit literal, deep nesting
+            raise StrataError(f"{origin}: the chat template does not compile: {type(e).__name__}: {e}") from None
 
     @classmethod
-    def from_metadata(cls, md: Mapping[str, Any], name: str | None = None) -> "ChatTemplate":
+    def from_metadata(cls, md: Mapping[str, Any], name: str | None = None,
+                      limits: TemplateLimits = TemplateLimits()) -> "ChatTemplate":
         """The file's template (`tokenizer.chat_template`, or `.<name>` for a named one);
-        ChatML when the file has none, said in a log line."""
+        ChatML when the file has none, said in a log line. The file's template renders a
+        sample conversation first: one that breaks a limit there fails the load."""
         key = TEMPLATE_KEY if name is None else f"{TEMPLATE_KEY}.{name}"
         source = md.get(key)
         tokens = md.get("tokenizer.ggml.tokens")
@@ -134,24 +166,48 @@ class ChatTemplate:
             if name is not None:
                 raise StrataError(f"{key}: the file has no chat template named {name!r}")
             log.warning("%s: absent in the model file; using a ChatML fallback template", TEMPLATE_KEY)
-            return cls(CHATML, bos, eos, origin=FALLBACK_ORIGIN)
-        return cls(str(source), bos, eos, origin=key)
+            return cls(CHATML, bos, eos, origin=FALLBACK_ORIGIN, limits=limits)
+        template = cls(str(source), bos, eos, origin=key, limits=limits)
+        template.check_sample()
+        return template
+
+    def check_sample(self) -> None:
+        """Render SAMPLE under the limits; StrataError naming the key when a limit breaks. The
+        template's other refusals (its raise_exception, say, for a system turn) depend on the
+        messages and are left to the requests that meet them."""
+        try:
+            self.render(SAMPLE)
+        except TemplateLimitError as e:
+            raise StrataError(f"{self.origin}: the chat template {e.reason} on a sample conversation; "
+                              f"this model file's template cannot be used") from None
+        except ChatTemplateError:
+            pass
 
     @property
     def is_fallback(self) -> bool:
         return self.origin == FALLBACK_ORIGIN
 
     def render(self, messages, add_generation_prompt: bool = True, tools=None, **kwargs) -> str:
+        """The prompt text; ChatTemplateError (a StrataError) when the template fails on these
+        messages, TemplateLimitError when it breaks a limit."""
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         context.update(messages=normalize_messages(messages), tools=tools, add_generation_prompt=add_generation_prompt)
+        budget = Budget(self.limits, self.origin, text_size(context, self.limits.output_cap))
         try:
-            return self._template.render(**context)
+            with applied(budget):
+                return self._template.render(**context)
+        except ChatTemplateError:
+            raise
         except _TemplateRaised as e:
-            raise StrataError(f"chat template: {e}") from None
+            raise ChatTemplateError(f"chat template: {e}") from None
+        except RecursionError:
+            raise budget.error("nested past Python's recursion limit") from None
+        except (MemoryError, OverflowError) as e:
+            raise budget.error(f"made a value too large to hold ({type(e).__name__}: {e})") from None
         except jinja2.TemplateError as e:  # undefined names, sandbox refusals
-            raise StrataError(f"chat template ({self.origin}) failed: {e}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-            raise StrataError(f"chat template ({self.origin}) failed on these messages: {e}") from None
+            raise ChatTemplateError(f"chat template ({self.origin}) failed: {e}") from None
+        except Exception as e:  # its own code on these messages: a TypeError, 1/0, a filter's assert
+            raise ChatTemplateError(f"chat template ({self.origin}) failed on these messages: {e}") from None
 
 
 def _token_text(md: Mapping[str, Any], tokens, key: str) -> str:
