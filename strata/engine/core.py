@@ -12,12 +12,13 @@ import sys
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from strata.backend.select import make_backend
 from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
 from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
-from strata.model.config import config_from_metadata
 from strata.model.transformer import Transformer
 from strata.mtp.draft import DraftModel, find_draft
 from strata.mtp.proposer import DraftProposer
@@ -85,6 +86,22 @@ def _load_errors(backend: Any, what: str):
                           f"({type(e).__name__}: {e}; {_room_hint(backend)})") from None
 
 
+SEED_LIMIT = 2**64  # seeds are 64-bit unsigned (numpy's SeedSequence refuses negatives)
+
+
+def check_request(req: GenerationRequest, vocab: int) -> None:
+    """Refuse, with the field named, what would otherwise fail inside a window: a seed outside
+    [0, 2**64), a prompt token id outside the vocabulary (vocab 0: not known, not checked)."""
+    seed = req.params.seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or not 0 <= seed < SEED_LIMIT):
+        raise StrataError(f"seed must be a whole number in [0, 2**64), not {seed!r}")
+    ids = req.prompt_ids
+    if vocab > 0 and (min(ids) < 0 or max(ids) >= vocab):  # (min/max: one pass in C, not a Python loop)
+        at, bad = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab)
+        raise StrataError(f"prompt token id {bad} at position {at} is outside the vocabulary [0, {vocab})")
+
+
 class EngineCore:
     def __init__(self) -> None:  # use EngineCore.load
         self.opts: EngineOptions
@@ -126,7 +143,7 @@ class EngineCore:
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
         self.pack = pack
         md = pack.metadata
-        cfg = config_from_metadata(md)
+        cfg = pack.model_config()  # the metadata key table and every tensor shape, checked once
         self.cfg = cfg
         label = pack.label if hasattr(pack, "label") else pack_arg
         log(f"strata: pack {label}: {cfg.arch}, {cfg.n_layer} layers, "
@@ -235,7 +252,13 @@ class EngineCore:
             raise StrataError("the prompt is empty")
         if n + 1 > self.n_ctx:
             raise ContextOverflow(n, self.n_ctx)
+        check_request(req, self.cfg.vocab_size)
         return self.scheduler.submit(req)
+
+    def liveness(self) -> tuple[bool, str | None]:
+        """(alive, why not): False when the scheduler's thread is gone or a window has run past
+        --watchdog-s (the served engine's /health then answers 503 "unhealthy")."""
+        return self.scheduler.liveness(self.opts.watchdog_s)
 
     def queue_depth(self) -> int:
         return self.scheduler.queue_depth()

@@ -31,6 +31,16 @@ from strata.gguf.constants import (
 )
 from strata.kernels.ggml_types import GGMLType, type_by_id
 
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ALIGNMENT = 1 << 16
+MAX_ELEMENTS = 1 << 62  # far past any real tensor, and still safe for numpy's int64 sizes
+# The fewest bytes one record can take: a metadata pair (empty key, type, one-byte value) and a
+# tensor info (empty name, n_dims, type, offset). Counts are bounded by these before any loop.
+MIN_KV_BYTES = 8 + 4 + 1
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+_INTEGER_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
+                            ValueType.INT32, ValueType.UINT64, ValueType.INT64})
+
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<4sIQQ")
@@ -38,6 +48,20 @@ _HEADER = struct.Struct("<4sIQQ")
 
 class _Truncated(Exception):
     """Raised inside the parser when a read would run past the end of the file."""
+
+
+def shown(text, limit: int = 80) -> str:
+    """A name or value from a file as it may appear in a one-line message: printable, bounded
+    (a corrupt file's names can hold newlines, control bytes or megabytes)."""
+    if isinstance(text, str) and text.isprintable() and len(text) <= limit:
+        return text
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogateescape")
+    if isinstance(text, (bytes, bytearray)):
+        return repr(bytes(text[:limit])) + ("..." if len(text) > limit else "")
+    if isinstance(text, (list, tuple, np.ndarray)) and len(text) > 4:
+        return f"an array of {len(text)}"
+    return shown(repr(list(text) if isinstance(text, np.ndarray) else text), limit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,34 +180,71 @@ class GGUFFile:
             )
         n_tensors = cur.u64()
         n_kv = cur.u64()
+        # a corrupt count must be refused before it is looped over, not after
+        room = self.file_size - cur.pos
+        if n_kv * MIN_KV_BYTES > room:
+            raise StrataError(f"{self.path}: metadata count {n_kv} is more than a file of {self.file_size} bytes holds")
+        if n_tensors * MIN_TENSOR_INFO_BYTES > room:
+            raise StrataError(f"{self.path}: tensor count {n_tensors} is more than a file of {self.file_size} bytes holds")
         for _ in range(n_kv):
-            key = cur.string()
+            key = self._name(cur, "metadata key")
+            if key in self.metadata:
+                raise StrataError(f"{self.path}: metadata key {shown(key)} appears twice")
             vtype = self._value_type(cur.u32(), key)
             value, full_type = self._read_value(cur, vtype, key)
             self.metadata[key] = value
             self.metadata_types[key] = full_type
-
-        self.alignment = int(self.metadata.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT))
-        if self.alignment <= 0 or self.alignment % 8:
-            raise StrataError(f"{self.path}: invalid {ALIGNMENT_KEY} {self.alignment}")
+        self.alignment = self._alignment()
 
         infos = []
         for _ in range(n_tensors):
-            name = cur.string()
+            name = self._name(cur, "tensor name")
             n_dims = cur.u32()
-            if n_dims > 8:
-                raise StrataError(f"{self.path}: tensor {name} has {n_dims} dimensions")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise StrataError(f"{self.path}: tensor {shown(name)} has {n_dims} dimensions (1 to {MAX_DIMS} expected)")
             shape = tuple(cur.u64() for _ in range(n_dims))
             infos.append((name, shape, cur.u32(), cur.u64()))
         self.data_offset = align_up(cur.pos, self.alignment)
         for name, shape, type_id, rel_offset in infos:
             self._add_tensor(name, shape, type_id, rel_offset)
+        self._check_overlaps()
+
+    def _name(self, cur: _Cursor, what: str) -> str:
+        """A key or tensor name: UTF-8 text (values may keep other bytes, names are what messages
+        and listings print)."""
+        name = cur.string()
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StrataError(f"{self.path}: {what} {shown(name)} is not valid UTF-8") from None
+        return name
+
+    def _alignment(self) -> int:
+        """general.alignment, needed to find the tensor data, so checked here and not later."""
+        if ALIGNMENT_KEY not in self.metadata:
+            return DEFAULT_ALIGNMENT
+        value, vtype = self.metadata[ALIGNMENT_KEY], self.metadata_types[ALIGNMENT_KEY]
+        where = f"{self.path}: metadata key {ALIGNMENT_KEY}"
+        if vtype not in _INTEGER_TYPES:
+            kind = f"an array of {vtype[1].name}" if isinstance(vtype, tuple) else vtype.name
+            raise StrataError(f"{where}: must be an integer, found {kind} ({shown(value)})")
+        if not 8 <= value <= MAX_ALIGNMENT or value & (value - 1):
+            raise StrataError(f"{where}: must be a power of two from 8 to {MAX_ALIGNMENT}, found {value}")
+        return int(value)
+
+    def _check_overlaps(self) -> None:
+        """Each tensor's bytes are its own: none starts inside the one laid out before it."""
+        ordered = sorted(self.tensors.values(), key=lambda t: t.offset)
+        for before, t in zip(ordered, ordered[1:]):
+            if t.offset < before.offset + before.nbytes:
+                raise StrataError(f"{self.path}: tensor {shown(t.name)}: its data (from byte {t.offset}) overlaps "
+                                  f"tensor {shown(before.name)}'s (bytes {before.offset}..{before.offset + before.nbytes})")
 
     def _value_type(self, raw: int, key: str) -> ValueType:
         try:
             return ValueType(raw)
         except ValueError:
-            raise StrataError(f"{self.path}: metadata key {key} has unknown value type {raw}") from None
+            raise StrataError(f"{self.path}: metadata key {shown(key)} has unknown value type {raw}") from None
 
     def _read_value(self, cur: _Cursor, vtype: ValueType, key: str):
         if vtype == ValueType.STRING:
@@ -195,7 +256,7 @@ class GGUFFile:
         etype = self._value_type(cur.u32(), key)
         count = cur.u64()
         if etype == ValueType.ARRAY:
-            raise StrataError(f"{self.path}: metadata key {key} is a nested array (not supported)")
+            raise StrataError(f"{self.path}: metadata key {shown(key)} is a nested array (not supported)")
         if etype == ValueType.STRING:
             return cur.strings(count), (ValueType.ARRAY, etype)
         _, dtype = SCALAR_FORMATS[etype]
@@ -205,13 +266,17 @@ class GGUFFile:
         return value, (ValueType.ARRAY, etype)
 
     def _add_tensor(self, name: str, shape: tuple[int, ...], type_id: int, rel_offset: int) -> None:
-        where = f"{self.path}: tensor {name}"
+        where = f"{self.path}: tensor {shown(name)}"
         if name in self.tensors:
             raise StrataError(f"{where}: duplicate tensor name")
         gtype = type_by_id(type_id)
         if gtype is None:
             raise StrataError(f"{where}: unknown ggml type id {type_id}")
-        ne0 = shape[0] if shape else 1
+        if min(shape) < 1:
+            raise StrataError(f"{where}: dimension ne{shape.index(min(shape))} is 0 (each must be >= 1)")
+        if prod(shape) > MAX_ELEMENTS:
+            raise StrataError(f"{where}: shape {list(shape)} has more elements than any file holds")
+        ne0 = shape[0]
         if ne0 % gtype.block_size:
             raise StrataError(
                 f"{where}: type {gtype.name} has blocks of {gtype.block_size} weights "

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from strata.errors import StrataError
+from strata.gguf.reader import shown
+from strata.pack.metadata_rules import checked_values
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,6 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen3": ArchTraits(rope_neox=True, qk_norm=True, moe=False, qkv_bias=False, norm_topk_default=False),
     "qwen3moe": ArchTraits(rope_neox=True, qk_norm=True, moe=True, qkv_bias=False, norm_topk_default=True),
 }
-
-
-# RoPE position scalings this build implements (positions divided by the factor for "linear")
-ROPE_SCALINGS = ("none", "linear")
 
 
 @dataclass(frozen=True)
@@ -64,52 +62,39 @@ class ModelConfig:
         return self.n_head_kv * self.head_dim
 
 
-def _get(md: Mapping[str, Any], key: str, default: Any = None, *, required: bool = False):
-    if key in md:
-        return md[key]
-    if required:
-        raise StrataError(f"pack metadata is missing required key {key!r}")
-    return default
-
-
-def config_from_metadata(md: Mapping[str, Any], arch_override: str | None = None) -> ModelConfig:
+def config_from_metadata(md: Mapping[str, Any], arch_override: str | None = None, *,
+                         label: str | None = None, types: Mapping[str, Any] | None = None) -> ModelConfig:
+    """The model's hyperparameters. Every value comes from metadata_rules.checked_values, which
+    checks the keys (types, ranges, relations) and fills in defaults, so nothing here can fail on
+    a bad value. label names the pack in messages; types are the GGUF value types (reader's)."""
     arch = arch_override or md.get("general.architecture")
+    v = checked_values(label, md, types, arch)  # first, so that a missing architecture is named as such
     if arch not in ARCH_TRAITS:
         raise StrataError(
-            f"unsupported architecture {arch!r} (supported: {', '.join(sorted(ARCH_TRAITS))})"
+            f"{'pack ' + label + ': ' if label else ''}unsupported architecture '{shown(arch)}' "
+            f"(supported: {', '.join(sorted(ARCH_TRAITS))})"
         )
-    a = arch
-    n_embd = int(_get(md, f"{a}.embedding_length", required=True))
-    n_head = int(_get(md, f"{a}.attention.head_count", required=True))
-    n_head_kv = int(_get(md, f"{a}.attention.head_count_kv", n_head))
-    head_dim = int(_get(md, f"{a}.attention.key_length", n_embd // n_head))
-    scaling_type = str(_get(md, f"{a}.rope.scaling.type", "none") or "none")
-    factor = float(_get(md, f"{a}.rope.scaling.factor", 1.0) or 1.0)
-    if scaling_type not in ROPE_SCALINGS:
-        raise StrataError(f"pack metadata {a}.rope.scaling.type = {scaling_type!r} is not supported "
-                          f"(supported: {', '.join(ROPE_SCALINGS)})")
-    rope_scale = factor if scaling_type == "linear" else 1.0
-    tokens = md.get("tokenizer.ggml.tokens")
-    traits = ARCH_TRAITS[a]
+    traits = ARCH_TRAITS[arch]
+    linear = v["rope.scaling.type"] == "linear"
     return ModelConfig(
-        arch=a,
+        arch=arch,
         traits=traits,
         # nextn (MTP) layers are counted in block_count but are not part of the main stack
-        n_layer=int(_get(md, f"{a}.block_count", required=True)) - int(_get(md, f"{a}.nextn_predict_layers", 0) or 0),
-        n_embd=n_embd,
-        n_ff=int(_get(md, f"{a}.feed_forward_length", 0) or 0),
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ctx_train=int(_get(md, f"{a}.context_length", 4096)),
-        rms_eps=float(_get(md, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_base=float(_get(md, f"{a}.rope.freq_base", 10000.0)),
-        rope_dim=int(_get(md, f"{a}.rope.dimension_count", head_dim)),
-        rope_scale=rope_scale,
-        n_expert=int(_get(md, f"{a}.expert_count", 0) or 0),
-        n_expert_used=int(_get(md, f"{a}.expert_used_count", 0) or 0),
-        expert_ff=int(_get(md, f"{a}.expert_feed_forward_length", 0) or 0),
-        norm_topk=bool(_get(md, f"{a}.expert_weights_norm", traits.norm_topk_default)),
-        vocab_size=len(tokens) if tokens is not None else int(_get(md, f"{a}.vocab_size", 0)),
-        name=str(md.get("general.name", a)),
+        n_layer=v["block_count"] - v["nextn_predict_layers"],
+        n_embd=v["embedding_length"],
+        n_ff=v.get("feed_forward_length", 0),
+        n_head=v["attention.head_count"],
+        n_head_kv=v["attention.head_count_kv"],
+        head_dim=v["attention.key_length"],
+        n_ctx_train=v["context_length"],
+        rms_eps=v["attention.layer_norm_rms_epsilon"],
+        rope_base=v["rope.freq_base"],
+        rope_dim=v["rope.dimension_count"],
+        rope_scale=(v["rope.scaling.factor"] or 1.0) if linear else 1.0,
+        n_expert=v.get("expert_count", 0),
+        n_expert_used=v.get("expert_used_count", 0),
+        expert_ff=v.get("expert_feed_forward_length", 0),
+        norm_topk=bool(v.get("expert_weights_norm", traits.norm_topk_default)),
+        vocab_size=len(v["tokenizer.ggml.tokens"]),
+        name=str(v.get("general.name", arch)),
     )

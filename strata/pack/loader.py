@@ -105,6 +105,17 @@ class Pack:
             return default
         return self.require(key)
 
+    def model_config(self):
+        """The model's hyperparameters (a ModelConfig), once the metadata has passed the key table
+        (pack/metadata_rules.py) and every tensor the model reads has the shape it implies: the
+        one check a pack gets before a model is built from it."""
+        from strata.model.config import config_from_metadata
+        from strata.pack.validate import check_tensors
+
+        cfg = config_from_metadata(self.metadata, label=self.label, types=self.metadata_types)
+        check_tensors(self, cfg)
+        return cfg
+
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.tensors[name]

