@@ -7,7 +7,14 @@ plus that slot's drafts. See docs/BATCHING.md for the rules; in short:
 - with --batch-mtp, each slot whose probe entry allows it verifies its own proposal inside
   the shared window (ragged spans); the others add one token;
 - a failure in one slot's MTP path turns MTP off for that slot (said once) and the request
-  goes on: nothing in the MTP path may end the engine.
+  goes on: nothing in the MTP path may end the engine;
+- a request can only end itself: a failure in its admission, its part of a window or its
+  output ends that request (reason "error") and the others go on; a window that fails with
+  an exception naming no request runs its requests one at a time to find the one that fails
+  (`_one_at_a_time`). Out of memory outside a KV growth ends the window's requests (a retry
+  may find room) and a lost device ends them all (`_guarded_step`);
+- the loop cannot die silently: it keeps a heartbeat, and `liveness()` says when its thread is
+  gone or a window has run past the watchdog (the served engine's /health answers 503).
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from strata.batch.faults import FaultInjector
 from strata.batch.output import TextOutput
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
@@ -28,30 +37,6 @@ from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
 from strata.mtp.verify import verify
 from strata.sampling import distribution, is_greedy, log_softmax, sampler_row
-
-
-class FaultInjector:
-    """Test hook: STRATA_FAULT_INJECT="mtp-admit@1,mtp-draft@2" raises in that slot's MTP path;
-    "kv-grow@1" makes slot 1's KV cache growth run out of memory (MemoryError, as a device or
-    host allocation that finds no room); "gpu-trap@0" has the device trap in slot 0's window (a
-    real sticky CUDA error)."""
-
-    RAISES = {"kv-grow": MemoryError}  # the rest raise RuntimeError
-    DEVICE = {"gpu-trap"}  # these make the backend fault for real (Backend.inject_fault)
-
-    def __init__(self, spec: str | None = None):
-        spec = os.environ.get("STRATA_FAULT_INJECT", "") if spec is None else spec
-        self.points: set[tuple[str, int]] = set()
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            where, _, slot = part.partition("@")
-            self.points.add((where, int(slot)))
-
-    def check(self, where: str, slot: int, backend: Any = None) -> None:
-        if (where, slot) in self.points:
-            if where in self.DEVICE:
-                backend.inject_fault(where)
-                return
-            raise self.RAISES.get(where, RuntimeError)(f"injected fault at {where} for slot {slot}")
 
 
 @dataclass
@@ -93,6 +78,21 @@ class _Entry:
     drafts: list[int] = field(default_factory=list)
     q: list[Any] = field(default_factory=list)
     wants_logits: bool = True
+    # where the slot's caches and rng stood when its window began: a failed window goes back there
+    start: int | None = None
+    draft_start: int | None = None
+    rng_state: dict | None = None
+
+
+@dataclass
+class _Window:
+    """What a window's forward gave (see _run_window)."""
+
+    spans: list[Span]
+    hidden: Any
+    logits: Any  # per logit row: the row, its argmax, or a device-drawn id (_forward)
+    fuse_at: dict[int, tuple[int, int]]
+    draft_out: Any
 
 
 class Scheduler:
@@ -114,7 +114,12 @@ class Scheduler:
         self.running = False
         self.on_fatal: Callable[[str], None] | None = None  # the served engine exits (engine_process)
         self.lost: str | None = None  # why the device can run nothing more, once it cannot
+        self.dead: str | None = None  # why the loop ended by an exception no guard caught, once it has
         self.thread: threading.Thread | None = None
+        # heartbeat: when the loop last made progress, and when the running step began (None
+        # between steps); read by liveness() from other threads
+        self.beat = time.monotonic()
+        self.step_since: float | None = None
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.windows = 0
         self.finished = collections.Counter()
@@ -122,12 +127,14 @@ class Scheduler:
     # ---- public, thread-safe ------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> RequestHandle:
         h = RequestHandle(req)
-        if self.lost is not None:  # the device can run nothing more (on_fatal was called)
-            h.events.put(FinishEvent("error", len(req.prompt_ids), 0, "", self.lost, "device_lost"))
-            return h
-        with self.cv:
-            self.queue.append(h)
-            self.cv.notify()
+        with self.cv:  # (under the lock: _died empties the queue under it too)
+            if self.lost is not None:  # the device can run nothing more (on_fatal was called)
+                h.events.put(FinishEvent("error", len(req.prompt_ids), 0, "", self.lost, "device_lost"))
+            elif self.dead is not None:  # no loop is left to serve it
+                h.events.put(FinishEvent("error", len(req.prompt_ids), 0, "", self.dead, "internal_error"))
+            else:
+                self.queue.append(h)
+                self.cv.notify()
         return h
 
     def start(self) -> None:
@@ -148,14 +155,36 @@ class Scheduler:
     def slots_busy(self) -> int:
         return sum(1 for s in self.slots if s.busy)
 
+    def liveness(self, watchdog_s: float) -> tuple[bool, str | None]:
+        """(alive, why not): not alive when the loop's thread is gone without stop() or one step
+        has run longer than watchdog_s (a hung window). A lost device is not reported here:
+        on_fatal already ends the served engine."""
+        if self.dead is not None:
+            return False, self.dead
+        t = self.thread
+        if t is not None and self.running and not t.is_alive():
+            return False, "the scheduler thread is gone"
+        since = self.step_since
+        if since is not None and time.monotonic() - since > watchdog_s:
+            return False, (f"a window has been running for {time.monotonic() - since:.0f} s "
+                           f"(the watchdog allows {watchdog_s:g} s, --watchdog-s)")
+        return True, None
+
     # ---- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - past every guard below: said, never silent
+            self._died(e)
+
+    def _serve(self) -> None:
         while True:
             with self.cv:
                 while self.running and not self.queue and not any(s.busy for s in self.slots):
                     self.cv.wait()
                 if not self.running:
                     break
+            self.beat = time.monotonic()
             self._admit()
             self._guarded_step()
         for s in self.slots:
@@ -164,6 +193,21 @@ class Scheduler:
         while self.queue:
             h = self.queue.popleft()
             h.events.put(FinishEvent("cancelled", len(h.request.prompt_ids), 0))
+
+    def _died(self, e: BaseException) -> None:
+        """The loop ends: every request in hand or queued ends with the reason, later ones at
+        once (submit), and liveness() reports it."""
+        why = f"the engine's scheduler stopped: {type(e).__name__}: {e}"
+        self.log(f"strata batch: {why} | " + "".join(traceback.format_exception(e)).replace("\n", " | "))
+        with self.cv:
+            self.dead = why
+            self.running = False
+            waiting = list(self.queue)
+            self.queue.clear()
+        ended = [(s.handle, len(s.prompt), s.n_generated) for s in self.slots if s.busy]
+        ended += [(h, len(h.request.prompt_ids), 0) for h in waiting]
+        for h, n_prompt, n_gen in ended:
+            h.events.put(FinishEvent("error", n_prompt, n_gen, "", why, "internal_error"))
 
     def run_until_idle(self) -> None:
         """Drive windows on the caller's thread (CLI and tests) until every request finished."""
@@ -174,35 +218,76 @@ class Scheduler:
             self._guarded_step()
 
     def _guarded_step(self) -> None:
-        """One window; a failure ends that window's requests, never the engine. Out of memory
-        is the requests' (code out_of_memory); a device that lost its context (a sticky CUDA
-        error: every later window would fail) ends them with code device_lost and calls
-        on_fatal, which a served engine answers by exiting so that it is restarted."""
+        """One window, timed for the watchdog (liveness); a failure never ends the engine."""
+        self.step_since = time.monotonic()
+        try:
+            self._step_or_recover()
+        finally:
+            self.step_since = None
+            self.beat = time.monotonic()
+
+    def _step_or_recover(self) -> None:
+        """What step() let through: out of memory ends the window's requests (code
+        out_of_memory); a device that lost its context (a sticky CUDA error: every later window
+        would fail) ends them with code device_lost and calls on_fatal, which a served engine
+        answers by exiting so that it is restarted. Anything else came from planning the window,
+        outside any one request's part: each busy slot then steps alone, and one whose own step
+        fails ends (internal_error)."""
         try:
             self.step()
         except Exception as e:
             b = self.model.b
-            oom, fatal = b.is_out_of_memory(e), b.is_fatal(e)
             self.log(f"strata batch: window failed: {type(e).__name__}: {e}")
-            if oom:  # not a bug: the window's requests end, the cached memory goes back
-                b.release_cached_memory()
-                error, code = f"out of memory: {e}", "out_of_memory"
-            elif fatal:
-                why = f"the GPU lost its context ({type(e).__name__}: {e}); no later window can run"
-                self.log(f"strata batch: {why}")
-                error, code = f"the GPU failed: {e}", "device_lost"
-            else:
-                self.log("strata batch: " + traceback.format_exc().replace("\n", " | "))
-                error, code = f"internal error: {type(e).__name__}: {e}", None
-            for s in self.slots:
-                if s.busy:
-                    self._finish(s, "error", error=error, code=code)
-            if fatal:
-                with self.cv:
-                    self.lost = f"the GPU failed earlier: {e}"
-                    self.running = False  # the loop ends; queued requests are cancelled
-                if self.on_fatal is not None:
-                    self.on_fatal(why)
+            if b.is_fatal(e):
+                self._device_lost(e)
+                return
+            if b.is_out_of_memory(e):  # not a bug: the window's requests end, the cached memory goes back
+                error, code = self._failure(e)
+                for s in self.slots:
+                    if s.busy:
+                        self._finish(s, "error", error=error, code=code)
+                return
+            for s in [s for s in self.slots if s.busy]:
+                try:
+                    self.step(only=s)
+                except Exception as exc:
+                    if b.is_fatal(exc):
+                        self._device_lost(exc)
+                        return
+                    self._end_failed(s, exc, "the request's window")
+
+    def _device_lost(self, e: Exception) -> None:
+        why = f"the GPU lost its context ({type(e).__name__}: {e}); no later window can run"
+        self.log(f"strata batch: {why}")
+        for s in self.slots:
+            if s.busy:
+                self._finish(s, "error", error=f"the GPU failed: {e}", code="device_lost")
+        with self.cv:
+            self.lost = f"the GPU failed earlier: {e}"
+            self.running = False  # the loop ends; queued requests are cancelled
+        if self.on_fatal is not None:
+            self.on_fatal(why)
+
+    def _failure(self, e: Exception, what: str | None = None) -> tuple[str, str]:
+        """The (error line, code) of a failure (not a lost device) for the requests it ends.
+        Out of memory is the requests' (a retry may find room; the cached memory goes back);
+        anything else is a bug of ours or an input that got past the checks: its traceback goes
+        to the log once."""
+        b = self.model.b
+        where = f" in {what}" if what else ""
+        if b.is_out_of_memory(e):
+            b.release_cached_memory()
+            return f"out of memory{where}: {e}", "out_of_memory"
+        self.log("strata batch: " + "".join(traceback.format_exception(e)).replace("\n", " | "))
+        return f"internal error{where}: {type(e).__name__}: {e}", "internal_error"
+
+    def _end_failed(self, s: Slot, e: Exception, what: str) -> None:
+        """End the one request whose part of the work failed; the others go on."""
+        self.log(f"strata batch: slot {s.index}: {what} failed ({type(e).__name__}: {e}); "
+                 f"the request ends, the others go on")
+        error, code = self._failure(e, what)
+        if s.busy:
+            self._finish(s, "error", error=error, code=code)
 
     def _admit(self) -> None:
         for s in self.slots:
@@ -215,16 +300,21 @@ class Scheduler:
             if h.cancelled:
                 h.events.put(FinishEvent("cancelled", len(h.request.prompt_ids), 0))
                 continue
-            self._start_request(s, h)
+            try:
+                self._start_request(s, h)
+            except Exception as e:  # (a seed numpy refuses, ...): that request ends, not the loop
+                s.handle = h  # (so that _finish ends it, whatever step failed)
+                self._end_failed(s, e, "the request's start")
 
     def _start_request(self, s: Slot, h: RequestHandle) -> None:
         s.reset()
+        s.handle = h  # first: a failure below ends this request (_admit)
         p = h.request.params
-        s.handle = h
         s.prompt = list(h.request.prompt_ids)
         s.rng = np.random.default_rng(p.seed)
         s.output = TextOutput(self.tok.token_bytes, list(p.stop))
         s.mtp_admitted = False
+        self.faults.check("admit-raise", s.index)
         seeded_sample = not is_greedy(p) and p.seed is not None
         if self.proposer is not None and s.mtp_failed is None and not (seeded_sample and self.cfg.plain_for_seeded):
             try:  # MTP admission: the slot's private draft state
@@ -255,14 +345,32 @@ class Scheduler:
         return True, None
 
     # ---- one window ---------------------------------------------------------------------------
-    def step(self) -> None:
-        busy = [s for s in self.slots if s.busy]
+    def step(self, only: Slot | None = None) -> None:
+        """One window over every busy slot (only: over that slot alone, as if it were the only
+        one busy; how _step_or_recover finds which request a failure belongs to)."""
+        entries, fused = self._plan(only)
+        if not entries:
+            return
+        try:
+            window = self._run_window(entries, fused)
+        except Exception as e:
+            b = self.model.b
+            if b.is_out_of_memory(e) or b.is_fatal(e):
+                raise  # the window's requests end (_step_or_recover)
+            self._one_at_a_time(entries, fused, e)
+            return
+        self._apply(entries, window)
+
+    def _plan(self, only: Slot | None) -> tuple[list[_Entry], set[int]]:
+        """The window's entries, their KV caches grown; and the slots that draft inside it."""
+        busy = [s for s in self.slots if s.busy and (only is None or s is only)]
         for s in busy:
             if s.handle.cancelled:
                 self._finish(s, "cancelled")
-        busy = [s for s in self.slots if s.busy]
+        busy = [s for s in busy if s.busy]
         if not busy:
-            return
+            return [], set()
+        self.faults.check_slots("plan-raise", [s.index for s in busy])
         entries: list[_Entry] = []
         decoding = []
         for s in busy:
@@ -290,11 +398,17 @@ class Scheduler:
             toks = s.prompt[s.n_prefilled : s.n_prefilled + n]
             entries.append(_Entry(s, toks, "prefill", wants_logits=s.n_prefilled + n == len(s.prompt)))
             budget -= n
-        entries = self._with_room([e for e in entries if e.slot.busy])
-        if not entries:
-            return
+        return self._with_room([e for e in entries if e.slot.busy]), fused
+
+    def _run_window(self, entries: list[_Entry], fused: set[int]) -> _Window:
+        """The forward of the entries (fused with the next drafts where it may), the caches
+        advanced; each entry remembers where its caches stood, for _roll_back."""
         for e in entries:
-            self.faults.check("gpu-trap", e.slot.index, self.model.b)
+            s = e.slot
+            e.start = s.cache.length
+            e.draft_start = s.draft_cache.length if s.draft_cache is not None else None
+            e.rng_state = s.rng.bit_generator.state if s.rng is not None else None  # (_sample_on_device draws)
+        self.faults.check_slots("gpu-trap", [e.slot.index for e in entries], self.model.b)
         self.windows += 1
         long_prompt = self.model.b.long_prompt_tokens
         spans = [Span(e.slot.cache, e.slot.cache.length, len(e.tokens),
@@ -319,29 +433,82 @@ class Scheduler:
                                                                       rows, draft_rows, draft_spans)
                 draft_out = (dids, dtop)
             except Exception as e:  # the fused slots lose MTP; the window runs plain (its drafts stay)
-                for sp in draft_spans:
-                    sp.cache.length = sp.start
+                for sp in list(spans) + draft_spans:
+                    sp.cache.truncate(sp.start)
                 for s in self.slots:
                     if s.index in fuse_at:
                         self._mtp_fail(s, "fused_draft", e)
                 fuse_at, draft_rows = {}, []
         if draft_out is None:  # (a fused window brought its hidden states and rows' argmax along)
             hidden, logits = self._forward(entries, tokens, spans, rows)
+        return _Window(spans, hidden, logits, fuse_at, draft_out)
+
+    def _apply(self, entries: list[_Entry], w: _Window) -> None:
+        """Each entry's tokens verified and emitted, its caches kept to what stays; a failure
+        here ends that entry's request alone (its neighbours' rows are theirs)."""
         li, off = 0, 0
-        for e, sp in zip(entries, spans):
+        for e, sp in zip(entries, w.spans):
             n = len(e.tokens)
-            if e.kind == "prefill":
-                self._keep_hidden(e.slot, hidden[off : off + n], sp.start, e.tokens)
-                e.slot.n_prefilled += n
-                if e.wants_logits:
-                    self._accept(e.slot, [], [], logits[li : li + 1])
-                    li += 1
-            else:
-                keep = self._after_decode(e, hidden[off : off + n], sp.start, logits[li : li + n])
-                if e.slot.index in fuse_at:
-                    self._fused_after(e.slot, keep, hidden[off : off + n], draft_out, *fuse_at[e.slot.index])
-                li += n
+            n_rows = n if e.kind == "decode" else int(e.wants_logits)
+            try:
+                self._apply_entry(e, sp, w, off, li)
+            except Exception as exc:
+                if self.model.b.is_fatal(exc):
+                    raise
+                self._roll_back(e)
+                self._end_failed(e.slot, exc, "the request's output")
+            li += n_rows
             off += n
+
+    def _apply_entry(self, e: _Entry, sp: Span, w: _Window, off: int, li: int) -> None:
+        n = len(e.tokens)
+        hidden = w.hidden[off : off + n]
+        if e.kind == "prefill":
+            self._keep_hidden(e.slot, hidden, sp.start, e.tokens)
+            e.slot.n_prefilled += n
+            if e.wants_logits:
+                self._accept(e.slot, [], [], w.logits[li : li + 1])
+            return
+        keep = self._after_decode(e, hidden, sp.start, w.logits[li : li + n])
+        if e.slot.index in w.fuse_at:
+            self._fused_after(e.slot, keep, hidden, w.draft_out, *w.fuse_at[e.slot.index])
+
+    def _one_at_a_time(self, entries: list[_Entry], fused: set[int], first: Exception) -> None:
+        """A window failed with an exception that names no request (a bug, or an input that got
+        past the checks). Every entry's caches go back to where the window began and each entry
+        runs alone: one whose window fails again ends (internal_error); the others get the
+        tokens the window would have given them."""
+        for e in entries:
+            self._roll_back(e)
+        if len(entries) == 1:
+            self._end_failed(entries[0].slot, first, "the request's window")
+            return
+        self.log(f"strata batch: a window of {len(entries)} requests failed ({type(first).__name__}: {first}); "
+                 f"each runs alone to find the one that fails")
+        for e in entries:
+            if not e.slot.busy:
+                continue
+            try:
+                window = self._run_window([e], fused)
+            except Exception as exc:
+                if self.model.b.is_fatal(exc):
+                    raise
+                self._roll_back(e)
+                self._end_failed(e.slot, exc, "the request's window")
+                continue
+            self._apply([e], window)
+
+    @staticmethod
+    def _roll_back(e: _Entry) -> None:
+        """The entry's caches and rng back to where its window began (what a failed window wrote
+        or drew is dropped)."""
+        s = e.slot
+        if e.start is not None:
+            s.cache.truncate(e.start)
+        if e.draft_start is not None and s.draft_cache is not None:
+            s.draft_cache.truncate(e.draft_start)
+        if e.rng_state is not None and s.rng is not None:
+            s.rng.bit_generator.state = e.rng_state
 
     def _sample_on_device(self, entries: list[_Entry], logits: Any) -> Any:
         """Token ids of every logits row, drawn by the backend (strata.kernels.cuda.sample) with
@@ -376,10 +543,14 @@ class Scheduler:
         """The window's hidden states, and per logit row what the host needs: the argmax of
         greedy rows without logprobs (a few bytes to copy on the GPU instead of a vocabulary of
         floats per row), else device-drawn ids where it can, else the rows."""
+        out = self.model.forward(tokens, spans, logit_rows=rows or None)
+        # test points, after the caches advanced: the failure path must roll them back for real
+        for where in ("hang", "window-raise"):
+            self.faults.check_slots(where, [e.slot.index for e in entries])
         if not rows:
-            return self.model.forward(tokens, spans), None
+            return out, None
         b = self.model.b
-        hidden, logits = self.model.forward(tokens, spans, logit_rows=rows)
+        hidden, logits = out
         only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
                           for e in entries if e.kind == "decode" or e.wants_logits)
         if only_argmax:
@@ -492,8 +663,11 @@ class Scheduler:
                 self.faults.check("kv-grow", e.slot.index)
                 cache.ensure(need)
             except Exception as exc:
-                if not self.model.b.is_out_of_memory(exc):
+                if self.model.b.is_fatal(exc):
                     raise
+                if not self.model.b.is_out_of_memory(exc):  # a bug: this request ends, the window goes on
+                    self._end_failed(e.slot, exc, "the growth of the request's KV cache")
+                    continue
                 self.model.b.release_cached_memory()
                 self.log(f"strata batch: slot {e.slot.index}: out of memory growing its KV cache to {need} "
                          f"tokens ({exc}); the request ends, the others go on")
@@ -570,7 +744,12 @@ class Scheduler:
     def _finish(self, s: Slot, reason: str, *, error: str | None = None, code: str | None = None,
                 tail: bool = True) -> None:
         h = s.handle
-        text_tail = s.output.finish() if (tail and s.output is not None and reason != "error") else ""
+        text_tail = ""
+        if tail and s.output is not None and reason != "error":
+            try:
+                text_tail = s.output.finish()
+            except Exception as e:  # noqa: BLE001 - the request still ends, without its held text
+                self.log(f"strata batch: slot {s.index}: releasing the held text failed ({type(e).__name__}: {e})")
         h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code))
         self.finished[reason] += 1
         s.reset()

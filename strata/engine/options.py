@@ -58,6 +58,31 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _seconds(*, zero_means_none: bool):
+    """argparse type: a finite number of seconds, > 0 (or >= 0 where 0 means no limit)."""
+
+    def parse(value: str) -> float:
+        try:
+            t = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+        if not (0 <= t if zero_means_none else 0 < t) or t == float("inf"):
+            bound = ">= 0 (0: no limit)" if zero_means_none else "> 0"
+            raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {value!r}")
+        return t
+
+    return parse
+
+
+_positive_seconds = _seconds(zero_means_none=False)
+_seconds_or_zero = _seconds(zero_means_none=True)
+
+
+def name_list(value: str) -> list[str]:
+    """'a, b' -> ['a', 'b'] (allow-lists of hosts and origins)."""
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def _probability(value: str) -> float:
     try:
         p = float(value)
@@ -96,6 +121,15 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
         g.add_argument("--api-key", default=None, help="require this bearer key")
         g.add_argument("--max-queued", type=_non_negative_int, default=64,
                        help="requests that may wait for a slot; more get HTTP 429")
+        g.add_argument("--body-timeout", type=_seconds_or_zero, default=30.0, metavar="S",
+                       help="seconds a request body may take to arrive; then HTTP 408 (0: no limit)")
+        g.add_argument("--allowed-hosts", type=name_list, default=None, metavar="H1,H2",
+                       help="Host names served besides the loopback ones ('*': any); default: any unless bound to loopback")
+        g.add_argument("--allowed-origins", type=name_list, default=[], metavar="O1,O2",
+                       help="web origins (scheme://host[:port]) allowed besides loopback pages ('*': any)")
+        # generous: a window of a large model on a CPU can take seconds
+        g.add_argument("--watchdog-s", type=_positive_seconds, default=120.0, metavar="S",
+                       help="/health answers 503 (and strata serve restarts the engine) when one window runs longer")
 
 
 @dataclass
@@ -122,6 +156,10 @@ class EngineOptions:
     alias: str | None = None
     api_key: str | None = None
     max_queued: int = 64
+    body_timeout: float = 30.0
+    allowed_hosts: list[str] | None = None
+    allowed_origins: list[str] = field(default_factory=list)
+    watchdog_s: float = 120.0
     given_flags: tuple[str, ...] = ()
 
     @classmethod
