@@ -90,6 +90,9 @@ class ScriptedCore:
         return {"slots": [{"mtp_windows": 3, "mtp_drafted": 8, "mtp_accepted": 5}],
                 "batch_mtp_fallbacks": {"no_kernel": 2}}
 
+    def liveness(self):
+        return True, None
+
     def stop(self):
         pass
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -10,6 +11,19 @@ import time
 from strata.engine.options import EngineOptions, add_engine_arguments
 from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import EXIT_DEVICE_LOST
+
+
+def _seed(value: str) -> int | None:
+    """argparse type: -1 means random (None), as in llama.cpp; else a seed numpy takes."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n == -1:
+        return None
+    if not 0 <= n < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"expected -1 (random) or a number in [0, 2**64), got {value!r}")
+    return n
 
 
 def add_arguments(p) -> None:
@@ -23,7 +37,7 @@ def add_arguments(p) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seed", type=_seed, default=None, help="sampling seed in [0, 2**64); -1: random (as llama.cpp)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 

@@ -9,9 +9,15 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from strata.engine.options import name_list
+
     parser.add_argument("--config", help="JSON config (comments allowed); see docs/SERVER.md")
     parser.add_argument("--host", help="listen address (overrides the config)")
     parser.add_argument("--port", type=int, help="listen port (overrides the config; 0 picks a free port)")
+    parser.add_argument("--allowed-hosts", type=name_list, metavar="H1,H2",
+                        help="Host names served (overrides the config's allowed_hosts; '*': any)")
+    parser.add_argument("--allowed-origins", type=name_list, metavar="O1,O2",
+                        help="web origins allowed besides loopback pages (overrides allowed_origins; '*': any)")
 
 
 def _warn(line: str) -> None:
@@ -22,5 +28,6 @@ def run(args: argparse.Namespace) -> int:
     from strata.server.config import load_config, with_overrides
     from strata.server.supervisor import run_server
 
-    cfg = with_overrides(load_config(args.config, warn=_warn), host=args.host, port=args.port)
+    cfg = with_overrides(load_config(args.config, warn=_warn), host=args.host, port=args.port,
+                         allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
     return run_server(cfg)

@@ -2,8 +2,9 @@
 
 The engine core runs generation on its own thread. A front end submits a
 GenerationRequest and reads events from the handle's thread-safe queue until a
-FinishEvent arrives. Text deltas are already UTF-8 safe and already cut at stop
-strings: front ends forward them as they are.
+FinishEvent arrives; an event loop can instead ask to be told of each put
+(RequestHandle.listen) and take the events without blocking. Text deltas are already
+UTF-8 safe and already cut at stop strings: front ends forward them as they are.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -60,13 +62,35 @@ class FinishEvent:
     code: str | None = None  # with "error": "out_of_memory" when the device had no room for the request
 
 
+class EventQueue(queue.Queue):
+    """A queue.Queue that calls its listener (if any) after each put, on the putting thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listener: Callable[[], None] | None = None
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        listener = self.listener
+        if listener is not None:
+            listener()
+
+
 class RequestHandle:
     """What submit() returns: a queue of TokenEvent ... FinishEvent, and cancel()."""
 
     def __init__(self, request: GenerationRequest):
         self.request = request
-        self.events: "queue.Queue[TokenEvent | FinishEvent]" = queue.Queue()
+        self.events: "EventQueue[TokenEvent | FinishEvent]" = EventQueue()
         self._cancelled = threading.Event()
+
+    def listen(self, listener: Callable[[], None] | None) -> None:
+        """Have `listener()` called on the core's thread after each event is put (None: stop).
+        It is called once at once when events are already waiting. It must be quick and must
+        not block: it runs inside the core's window."""
+        self.events.listener = listener
+        if listener is not None and not self.events.empty():
+            listener()
 
     def cancel(self) -> None:
         self._cancelled.set()

@@ -1,8 +1,8 @@
 """The OpenAI-compatible API over an engine core (served by the `strata engine` process).
 
 The core generates on its own thread and hands each request a thread-safe queue of
-TokenEvent ... FinishEvent. A small pump thread per request moves those events onto the
-event loop (call_soon_threadsafe), so the loop never blocks on the queue.
+TokenEvent ... FinishEvent; strata.server.events moves them onto the event loop in batches
+(one loop wake-up per window, not per token), and a stream writes each batch as one chunk.
 
 While the core loads, /health answers 503 and generation routes answer 503; `attach(core)`
 makes the API ready.
@@ -11,8 +11,6 @@ makes the API ready.
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,46 +22,17 @@ from fastapi.responses import JSONResponse, Response
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
 from strata.server import sse
-from strata.server.common import (ClosingStreamingResponse, Drain, check_api_key, install_error_handlers, read_body,
-                                  wait_for_disconnect)
+from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer, check_api_key,
+                                  install_error_handlers, read_body, wait_for_disconnect)
+from strata.server.edge import EdgeMiddleware, EdgePolicy
 from strata.server.errors import APIError, invalid
+from strata.server.events import core_batches, core_events
 from strata.server.metrics import CONTENT_TYPE, EngineMetrics
+from strata.server.prompt_limits import PromptLimits, overflow
 from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
-                                   CompletionRequest, check_model_name, parse_json_object, validate)
+                                   CompletionRequest, check_model_name, parse_request)
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
-
-
-# ---------------------------------------------------------------- events from the core thread
-
-async def core_events(handle: RequestHandle) -> AsyncIterator[TokenEvent | FinishEvent]:
-    """Yield the handle's events on the event loop, ending after the FinishEvent."""
-    loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue = asyncio.Queue()
-    stop = threading.Event()
-
-    def pump() -> None:
-        while not stop.is_set():
-            try:
-                ev = handle.events.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            try:
-                loop.call_soon_threadsafe(inbox.put_nowait, ev)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                return
-            if isinstance(ev, FinishEvent):
-                return
-
-    threading.Thread(target=pump, name="strata-events", daemon=True).start()
-    try:
-        while True:
-            ev = await inbox.get()
-            yield ev
-            if isinstance(ev, FinishEvent):
-                return
-    finally:
-        stop.set()
 
 
 # ---------------------------------------------------------------- one request being served
@@ -82,6 +51,7 @@ class _Job:
     finished: bool = False  # the FinishEvent arrived (nothing left to cancel)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
+    text_chunk: Callable[[str], bytes] | None = None  # the stream's text-only chunk (sse.Template)
 
 
 def _usage(fin: FinishEvent) -> dict[str, int]:
@@ -94,12 +64,19 @@ class EngineAPI:
 
     def __init__(self, *, model_name: str | None = None, api_key: str | None = None,
                  max_request_bytes: int = 16 * 1024 * 1024, max_queued: int | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, edge: EdgePolicy | None = None,
+                 body_timeout: float = BODY_TIMEOUT_S):
         self.core: Any = None
         self.failure: str | None = None
         self._model_name = model_name
         self.api_key = api_key
+        # Host / Origin / key policy of every route (the key: the user's, or the secret of an
+        # engine that `strata serve` started)
+        self.edge = edge or EdgePolicy(api_key=api_key)
         self.max_request_bytes = max_request_bytes
+        self.body_timeout = body_timeout
+        self.preparer = Preparer()
+        self.limits = PromptLimits()
         self.max_queued = max_queued
         self.log = log
         self.metrics = EngineMetrics(lambda: self.core)
@@ -110,6 +87,7 @@ class EngineAPI:
 
     # ------------------------------------------------------------ life cycle
     def attach(self, core: Any) -> None:
+        self.limits = PromptLimits.of_core(core)  # before self.core: no request sees one without the other
         self.core = core
 
     @property
@@ -137,21 +115,27 @@ class EngineAPI:
 
     # ------------------------------------------------------------ building requests
     def _prompt_ids(self, core, req) -> tuple[list[int], str]:
-        """Token ids of the prompt, and the text to echo (completions with echo)."""
+        """Token ids of the prompt, and the text to echo (completions with echo). Runs on the
+        preparer's threads: templating and tokenizing a big prompt take seconds of CPU."""
         tok = core.tokenizer
+        n_ctx = int(core.n_ctx)
         try:
             if isinstance(req, ChatCompletionRequest):
+                self.limits.refuse_if_cannot_fit([m.text() for m in req.messages], n_ctx, "messages")
                 text = core.chat.render(req.message_dicts(), add_generation_prompt=True)
                 return list(tok.encode(text, add_special=True)), ""
             prompt = req.single_prompt()
             if isinstance(prompt, str):
+                self.limits.refuse_if_cannot_fit([prompt], n_ctx, "prompt")
                 return list(tok.encode(prompt, add_special=True, parse_special=True)), prompt
+            if len(prompt) >= n_ctx:
+                raise overflow(len(prompt), n_ctx, "prompt")
+            self.limits.check_ids(prompt, "prompt" if prompt is req.prompt else "prompt[0]")
             return list(prompt), tok.decode(prompt) if req.echo else ""
         except StrataError as e:
             raise invalid(e.message, param="messages" if isinstance(req, ChatCompletionRequest) else "prompt") from None
 
-    def _submit(self, core, req, kind: str) -> _Job:
-        ids, echo_text = self._prompt_ids(core, req)
+    def _submit(self, core, req, kind: str, ids: list[int], echo_text: str) -> _Job:
         n_ctx = int(core.n_ctx)
         if len(ids) >= n_ctx:
             raise _overflow(len(ids), n_ctx)
@@ -210,7 +194,7 @@ class EngineAPI:
         if fin.reason == "error" and fin.code in ("out_of_memory", "device_lost"):  # worth a retry
             return APIError("unavailable_error", fin.error or "generation failed", code=fin.code)
         if fin.reason == "error":
-            return APIError("server_error", fin.error or "generation failed")
+            return APIError("server_error", fin.error or "generation failed", code=fin.code)
         if fin.reason == "cancelled" and self.drain.expired.is_set():
             return APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
         return None
@@ -254,6 +238,10 @@ class EngineAPI:
 
     def _chunk(self, job: _Job, delta_text: str | None, finish: str | None, lp: list[TokenEvent],
                role: bool = False) -> bytes:
+        return sse.event(self._chunk_object(job, delta_text, finish, lp, role))
+
+    def _chunk_object(self, job: _Job, delta_text: str | None, finish: str | None, lp: list[TokenEvent],
+                      role: bool = False) -> dict[str, Any]:
         if job.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -272,9 +260,17 @@ class EngineAPI:
                    "model": self.model_name, "choices": [choice]}
         if job.include_usage:
             obj["usage"] = None
-        return sse.event(obj)
+        return obj
+
+    def _text_chunk(self, job: _Job, text: str) -> bytes:
+        """The chunk of a token with text and no logprobs, the one sent per token: only its text
+        is encoded (a template per stream), byte for byte what _chunk() would give."""
+        if job.text_chunk is None:
+            job.text_chunk = sse.Template(self._chunk_object(job, sse.Template.MARK, None, []))
+        return job.text_chunk(text)
 
     async def _stream(self, job: _Job, endpoint: str) -> AsyncIterator[bytes]:
+        """The SSE body: the events that arrived together go out as one chunk (one write)."""
         pending_lp: list[TokenEvent] = []  # logprobs of tokens whose text is still held back
         fin: FinishEvent | None = None
         try:
@@ -282,34 +278,45 @@ class EngineAPI:
                 yield self._chunk(job, "", None, [], role=True)
             elif job.echo_text:
                 yield self._chunk(job, job.echo_text, None, [])
-            async for ev in core_events(job.handle):
-                if isinstance(ev, FinishEvent):
-                    fin = ev
-                    job.finished = True
-                    break
-                if job.logprobs:
-                    pending_lp.append(ev)
-                if ev.text:
-                    yield self._chunk(job, ev.text, None, pending_lp)
-                    pending_lp = []
-            self._outcome(endpoint, fin)
-            err = self._ended_error(fin)
-            if err is not None:
-                yield sse.error_and_done(err.message, err.type, err.code)
-                return
-            if fin.text_tail or pending_lp:
-                yield self._chunk(job, fin.text_tail, None, pending_lp)
-            yield self._chunk(job, None if job.kind == "chat" else "", fin.reason, [])
-            if job.include_usage:
-                usage_obj = {"id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
-                             "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
-                             "created": job.created, "model": self.model_name, "choices": [],
-                             "usage": _usage(fin)}
-                yield sse.event(usage_obj)
-            yield sse.DONE
+            async for batch in core_batches(job.handle):
+                out: list[bytes] = []
+                for ev in batch:
+                    if isinstance(ev, FinishEvent):
+                        fin = ev
+                        job.finished = True
+                        break
+                    if job.logprobs:
+                        pending_lp.append(ev)
+                    if ev.text:
+                        out.append(self._chunk(job, ev.text, None, pending_lp) if pending_lp
+                                   else self._text_chunk(job, ev.text))
+                        pending_lp = []
+                if fin is not None:
+                    out.append(self._final_chunks(job, endpoint, fin, pending_lp))
+                if out:
+                    yield b"".join(out)
         finally:
             # a client that went away cancels its generation and frees its slot at once
             await self._release_job(job)()
+
+    def _final_chunks(self, job: _Job, endpoint: str, fin: FinishEvent, pending_lp: list[TokenEvent]) -> bytes:
+        """What ends a stream: the held-back text, the finish reason, the usage, [DONE] (or an error)."""
+        self._outcome(endpoint, fin)
+        err = self._ended_error(fin)
+        if err is not None:
+            return sse.error_and_done(err.message, err.type, err.code)
+        out = []
+        if fin.text_tail or pending_lp:
+            out.append(self._chunk(job, fin.text_tail, None, pending_lp))
+        out.append(self._chunk(job, None if job.kind == "chat" else "", fin.reason, []))
+        if job.include_usage:
+            usage_obj = {"id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
+                         "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+                         "created": job.created, "model": self.model_name, "choices": [],
+                         "usage": _usage(fin)}
+            out.append(sse.event(usage_obj))
+        out.append(sse.DONE)
+        return b"".join(out)
 
     def _release_job(self, job: _Job):
         async def release() -> None:
@@ -320,12 +327,13 @@ class EngineAPI:
 
     async def _generate(self, request: Request, model_cls, endpoint: str) -> Response:
         check_api_key(request, self.api_key)
-        raw = await read_body(request, self.max_request_bytes)
-        req = validate(model_cls, parse_json_object(raw))
+        raw = await read_body(request, self.max_request_bytes, self.body_timeout)
+        req = await self.preparer.run(parse_request, model_cls, raw)
         core = self._ready_core()
         check_model_name(req.model, self.model_name)
         try:
-            job = self._submit(core, req, "chat" if model_cls is ChatCompletionRequest else "completion")
+            ids, echo_text = await self.preparer.run(self._prompt_ids, core, req)
+            job = self._submit(core, req, "chat" if model_cls is ChatCompletionRequest else "completion", ids, echo_text)
         except APIError as e:
             self.metrics.finished(endpoint, "rejected")
             raise e
@@ -339,13 +347,18 @@ class EngineAPI:
     def _build(self) -> FastAPI:
         app = FastAPI(title="strata engine", docs_url=None, redoc_url=None, openapi_url=None)
         install_error_handlers(app, self.log)
+        app.add_middleware(EdgeMiddleware, policy=self.edge)
 
         @app.get("/health")
         async def health():
-            if self.core is None or self.drain.draining:
-                state = "shutting_down" if self.drain.draining else ("failed" if self.failure else "loading")
+            # "unhealthy": loaded, but the scheduler's thread is gone or a window has run past
+            # --watchdog-s; strata serve restarts an engine that says so
+            alive, unhealthy = (True, None) if self.core is None else self.core.liveness()
+            if self.core is None or self.drain.draining or not alive:
+                state = ("shutting_down" if self.drain.draining else "unhealthy" if self.core is not None
+                         else "failed" if self.failure else "loading")
                 why = {"loading": "the engine is loading", "failed": self.failure or "",
-                       "shutting_down": "the server is shutting down"}[state]
+                       "shutting_down": "the server is shutting down", "unhealthy": unhealthy}[state]
                 body = APIError("unavailable_error", why, code=state).body()
                 body["status"] = state
                 return JSONResponse(body, status_code=503)
@@ -385,10 +398,7 @@ class EngineAPI:
 
 
 def _overflow(n_prompt: int, n_ctx: int) -> APIError:
-    return APIError("exceed_context_size_error",
-                    f"the prompt has {n_prompt} tokens; the context holds {n_ctx}",
-                    param="messages", code="exceed_context_size_error",
-                    extra={"n_prompt_tokens": int(n_prompt), "n_ctx": int(n_ctx)})
+    return overflow(n_prompt, n_ctx)
 
 
 async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:

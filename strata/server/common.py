@@ -1,5 +1,6 @@
 """HTTP pieces shared by the engine's API app and the `strata serve` proxy: API-key check,
-bounded body reading, OpenAI-shaped error handlers, draining on shutdown."""
+bounded and timed body reading, a small thread pool for request preparation, OpenAI-shaped
+error handlers, draining on shutdown."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import asyncio
 import hmac
 import sys
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from strata.server.errors import APIError, error_for_status
@@ -17,6 +20,8 @@ from strata.server.errors import APIError, error_for_status
 # Past the limit the body is read and dropped (so the client sees our 413, not a reset
 # connection) up to this many bytes; beyond that the connection is simply answered and closed.
 DISCARD_LIMIT = 64 * 1024 * 1024
+BODY_TIMEOUT_S = 30.0  # default time for a request body to arrive once its headers have
+PREPARE_THREADS = 2  # threads that parse, validate, template and tokenize request bodies
 
 
 def check_api_key(request: Request, api_key: str | None) -> None:
@@ -31,23 +36,52 @@ def check_api_key(request: Request, api_key: str | None) -> None:
         raise APIError("authentication_error", "invalid API key", code="invalid_api_key")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout: float | None = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, at most `limit` bytes (413 past it), within `timeout` seconds (408 and
+    the connection closed: a client that declares more than it sends must not hold a handler)."""
     declared = request.headers.get("content-length", "")
     too_large = APIError("request_too_large_error", f"the request body is larger than {limit} bytes",
-                         code="request_too_large")
+                         code="request_too_large", headers={"connection": "close"})
     if declared.isdigit() and int(declared) > DISCARD_LIMIT:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > DISCARD_LIMIT:
-            break
+
+    async def receive_all() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            elif size > DISCARD_LIMIT:
+                break
+
+    try:
+        await asyncio.wait_for(receive_all(), timeout if timeout and timeout > 0 else None)
+    except ClientDisconnect:
+        # the connection ended inside the body (or its framing was broken): nobody reads this
+        # answer, but it must not be logged as an internal error
+        raise APIError("invalid_request_error", "the request body ended before it was complete",
+                       code="incomplete_body", headers={"connection": "close"}) from None
+    except asyncio.TimeoutError:
+        raise APIError("request_timeout_error", f"the request body did not arrive within body_timeout = {timeout:g} s",
+                       code="body_timeout", headers={"connection": "close"}) from None
     if size > limit:
         raise too_large
     return b"".join(chunks)
+
+
+class Preparer:
+    """Parsing, validating, templating and tokenizing a request body take CPU time in
+    proportion to its size (seconds for megabytes): they run on a few threads of their own,
+    so the event loop keeps serving other requests and streams meanwhile, and many big bodies
+    wait their turn here instead of taking every thread of the loop's default executor."""
+
+    def __init__(self, threads: int = PREPARE_THREADS):
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="strata-prepare")
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 
 async def wait_for_disconnect(request: Request) -> None:

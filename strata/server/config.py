@@ -125,6 +125,10 @@ class ServerConfig(BaseModel):
     startup_timeout: PositiveSeconds = 600.0
     shutdown_timeout: Annotated[float, Field(ge=0)] = 30.0
     max_request_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+    body_timeout: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0  # 0: no limit
+    # None: loopback names when bound to loopback, else any (docs/SERVER.md, strata.server.edge)
+    allowed_hosts: list[str] | None = None
+    allowed_origins: list[str] = Field(default_factory=list)
 
     def engine_parallel(self) -> int:
         if self.parallel is not None:
@@ -133,7 +137,8 @@ class ServerConfig(BaseModel):
 
 
 KNOWN_KEYS = {"host", "port", "parallel", "args", "model", "alias", "model_name", "api_key", "max_queued",
-              "request_timeout", "startup_timeout", "shutdown_timeout", "max_request_bytes"}
+              "request_timeout", "startup_timeout", "shutdown_timeout", "max_request_bytes", "body_timeout",
+              "allowed_hosts", "allowed_origins"}
 
 
 def _describe(e: dict) -> str:

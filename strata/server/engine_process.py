@@ -19,11 +19,16 @@ from typing import Callable
 from strata.engine.options import EngineOptions
 from strata.errors import EXIT_DEVICE_LOST, StrataError
 from strata.server.app import EngineAPI
+from strata.server.edge import EdgePolicy
 from strata.server.serving import bind, request_exit, serve
 
 # environment set by `strata serve` for its engine child
 ENV_PARENT_WATCH = "STRATA_PARENT_WATCH"  # "stdin": exit when stdin reaches end-of-file
 ENV_PARENT_PID = "STRATA_PARENT_PID"
+# The key `strata serve` gives its engine child, through the environment (argv shows in `ps`):
+# every route of the child, /health included, needs it, so no other local process can reach the
+# engine around the server's API key, queue bound and timeouts.
+ENV_ENGINE_SECRET = "STRATA_ENGINE_SECRET"
 ENGINE_DRAIN_S = 30.0
 
 
@@ -84,6 +89,16 @@ def watch_parent(log: Callable[[str], None]) -> None:
     threading.Thread(target=wait_eof, name="strata-parent-watch", daemon=True).start()
 
 
+def _key_and_edge(opts: EngineOptions) -> dict:
+    """The supervisor's secret (every route) when there is one, else the user's --api-key
+    (every route but /health, as llama-server: probes carry no key)."""
+    secret = os.environ.pop(ENV_ENGINE_SECRET, None)  # popped: not inherited by anything we start
+    key, exempt = (secret, frozenset()) if secret else (opts.api_key, frozenset({"/health"}))
+    edge = EdgePolicy.for_bind(opts.host, api_key=key, key_exempt=exempt, allowed_hosts=opts.allowed_hosts,
+                               allowed_origins=opts.allowed_origins)
+    return {"api_key": key, "edge": edge}
+
+
 def load_core(opts: EngineOptions, log: Callable[[str], None]):
     try:
         from strata.engine.core import EngineCore
@@ -95,8 +110,8 @@ def load_core(opts: EngineOptions, log: Callable[[str], None]):
 def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loader=load_core) -> int:
     """Serve the API on opts.host:opts.port; `loader(opts, log)` builds the core (on a thread)."""
     watch_parent(log)  # (start-up warnings for flags are printed by the core's loader)
-    api = EngineAPI(model_name=opts.alias, api_key=opts.api_key, log=log,
-                    max_queued=getattr(opts, "max_queued", None))
+    api = EngineAPI(model_name=opts.alias, log=log, max_queued=getattr(opts, "max_queued", None),
+                    body_timeout=opts.body_timeout, **_key_and_edge(opts))
     app = api.app
     failure: list[BaseException] = []
     loaded: dict = {}

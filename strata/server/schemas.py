@@ -4,25 +4,42 @@ Validation errors become one 400 that names the field (`messages[0].content: ...
 Numbers are strict (a string "5" is not a number) so wrong types are rejected the way
 OpenAI rejects them. Fields we do not act on are either ignored (harmless: `user`) or
 rejected with a clear message when they would change the result (`tools`, `n` != 1).
+
+Every field is bounded here, at the edge (the LIMITS below), so nothing a body holds reaches
+the engine's thread in a shape it cannot take: no NaN or infinity, no integer past its range,
+no seed numpy refuses, no unbounded list. Token ids are checked against the loaded model's
+vocabulary by the engine's API (it knows the vocabulary; this module does not).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from strata.engine.protocol import SamplingParams
 from strata.server.errors import APIError, invalid
+from strata.server.strict_json import parse_json_object  # noqa: F401 - the routes' body parser
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024  # per stop string
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
+MAX_MESSAGES = 4096
+MAX_PROMPT_IDS = 1 << 21  # more than any context; a longer prompt is refused before it is copied
+MAX_TOKENS = 1 << 30  # engine contexts are capped at 2**30 tokens
+MAX_TOP_K = 1 << 31
+MAX_NAME_CHARS = 256  # model, user, name
+SEED_RANDOM = -1  # llama-server's "pick a random seed"
+SEED_LIMIT = 1 << 64  # numpy takes any seed in [0, 2**64) the same way on every platform
+
+TokenId = Annotated[int, Field(ge=0, lt=1 << 63)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # allow_inf_nan=False: 1e400 parses to inf; no field means anything by it
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 def _refuse_unless(ok: Callable[[Any], bool], message: str):
@@ -42,14 +59,14 @@ class TextPart(_Strict):
 class OtherPart(_Strict):
     """Any non-text content part: accepted by the parser, refused with a clear message."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     type: str
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[Union[TextPart, OtherPart]], None] = None
-    name: str | None = None
+    name: Name | None = None
 
     @field_validator("content")
     @classmethod
@@ -79,25 +96,35 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 class _Sampling(_Strict):
     """Fields shared by chat and completions requests."""
 
-    model: str | None = None
+    model: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: Union[Annotated[str, Field(max_length=MAX_STOP_CHARS)],
+                list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], None] = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
+    top_k: Annotated[int, Field(ge=0, le=MAX_TOP_K)] = 0
     min_p: Probability = 0.0
     seed: int | None = None
     n: int = 1
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     ignore_eos: bool = False
-    user: str | None = None
+    user: Name | None = None
 
     _one_choice = field_validator("n")(_refuse_unless(lambda v: v == 1, "only n = 1 is supported"))
     _no_penalties = field_validator("frequency_penalty", "presence_penalty")(
         _refuse_unless(lambda v: v == 0, "penalties are not supported (only 0)"))
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, v):
+        if v == SEED_RANDOM:
+            return None  # clients send -1 for "random" (llama-server's convention)
+        if v is not None and not 0 <= v < SEED_LIMIT:
+            raise ValueError(f"must be -1 (random) or in [0, 2**64), got {v}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -123,8 +150,8 @@ class _Sampling(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[Any] | None = None
@@ -150,7 +177,8 @@ class ChatCompletionRequest(_Sampling):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
-PromptType = Union[str, list[str], list[int], list[list[int]]]
+PromptIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)]
+PromptType = Union[str, list[str], PromptIds, list[PromptIds]]
 
 
 class CompletionRequest(_Sampling):
@@ -190,7 +218,7 @@ def _field_path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[str]", "list[int]", "list[list[int]]", "int", "float", "bool") or "[" in str(part) or str(part).startswith(("function-", "constrained-")):
+        elif part in ("str", "list[str]", "list[int]", "list[list[int]]", "int", "float", "bool") or "[" in str(part) or str(part).startswith(("function-", "constrained-", "constrained")):
             continue
         else:
             out += ("." if out else "") + str(part)
@@ -198,8 +226,10 @@ def _field_path(loc: tuple) -> str:
 
 
 def _pick_error(errors: list[dict]) -> dict:
-    """Among a union's errors, the deepest one usually names the real problem."""
-    return max(errors, key=lambda e: len(e["loc"]))
+    """Among a union's errors, the one from the branch the value was written for names the real
+    problem: a range error (`prompt[1]` < 0 in a list of ids) over a type mismatch of another
+    branch (`prompt[0]` is not a string), then the deepest."""
+    return max(errors, key=lambda e: (not e["type"].endswith("_type"), len(e["loc"])))
 
 
 def _format_validation(err: ValidationError) -> APIError:
@@ -216,19 +246,9 @@ def _format_validation(err: ValidationError) -> APIError:
     return invalid(f"{path}: {msg}", param=path)
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Parse a request body: 400 for bad JSON or a non-object."""
-    if not raw.strip():
-        raise invalid("the request body is empty; expected a JSON object")
-    try:
-        data = json.loads(raw.decode("utf-8"))  # bytes would let json guess UTF-16/32
-    except UnicodeDecodeError:
-        raise invalid("the request body is not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise invalid(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    if not isinstance(data, dict):
-        raise invalid(f"the request body must be a JSON object, not {type(data).__name__}")
-    return data
+def parse_request(model: type[BaseModel], raw: bytes):
+    """A request body (bytes) -> the validated request model; 400 naming the field."""
+    return validate(model, parse_json_object(raw))
 
 
 def validate(model: type[BaseModel], data: dict[str, Any]):

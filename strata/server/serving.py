@@ -26,7 +26,10 @@ SHUTDOWN_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM",
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets whose
+    # protocol says TCP, and accepted connections inherit it. With Nagle on, a stream's small
+    # writes wait for the peer's delayed ACK (40 ms on Linux).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     if hasattr(socket, "SO_REUSEADDR") and not hasattr(socket, "SO_EXCLUSIVEADDRUSE"):
         # POSIX: allow quick restarts (TIME_WAIT); on Windows SO_REUSEADDR would allow port theft
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

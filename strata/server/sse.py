@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring  # what json.dumps(str, ensure_ascii=False) gives
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
@@ -13,6 +14,24 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def event(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+class Template:
+    """`event(obj)` for objects that differ only in one string (a stream's text deltas): the
+    object is encoded once with MARK in that place; each event then encodes only its string.
+    The bytes are exactly those of `event()` of the whole object."""
+
+    MARK = "\u0000strata-delta\u0000"
+
+    def __init__(self, obj_with_mark: Any):
+        mark = encode_basestring(self.MARK).encode("utf-8")
+        head, found, tail = event(obj_with_mark).partition(mark)
+        if not found or mark in tail:
+            raise ValueError("the object must hold Template.MARK exactly once")
+        self.head, self.tail = head, tail
+
+    def __call__(self, text: str) -> bytes:
+        return self.head + encode_basestring(text).encode("utf-8") + self.tail
 
 
 def error_event(message: str, type_: str = "server_error", code: Any = None) -> bytes:

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,24 +31,33 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
+from urllib.parse import quote
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from strata.server import sse
-from strata.server.common import (ClosingStreamingResponse, Drain, check_api_key, first_of, install_error_handlers, read_body,
+from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, check_api_key, first_of, install_error_handlers, read_body,
                                   wait_for_disconnect)
 from strata.server.config import ServerConfig
-from strata.server.engine_process import ENV_PARENT_PID, ENV_PARENT_WATCH
-from strata.server.errors import APIError
+from strata.server.edge import EdgeMiddleware, EdgePolicy
+from strata.server.engine_process import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
+from strata.server.errors import APIError, invalid
 from strata.server.metrics import CONTENT_TYPE, ServerMetrics
-from strata.server.schemas import REQUEST_MODELS, parse_json_object, validate
+from strata.server.schemas import REQUEST_MODELS, parse_request
 from strata.server.serving import bind, serve
+from strata.server.upstream import UpstreamReader
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits after the 1st, 2nd, ... failed start
 STOP_GRACE_S = 10.0  # how long a stopping engine may take before it is killed
 HEALTH_POLL_S = 0.1
+# A ready engine's /health is asked every WATCH_POLL_S. Its event loop never runs windows, so a
+# live engine answers in milliseconds even while busy: WATCH_MISSES answers that do not come
+# within WATCH_ANSWER_S in a row mean a stopped or hung process, and it is restarted.
+WATCH_POLL_S = 1.0
+WATCH_ANSWER_S = 2.0
+WATCH_MISSES = 3
 EXIT_SETTLE_S = 5.0  # after a broken upstream connection, how long to wait for the exit code
 
 DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); the next request restarts it"
@@ -85,7 +96,7 @@ class EngineChild:
     """One engine process: its pipes, its exit, its readiness, its slots."""
 
     def __init__(self, argv: list[str], port: int, parallel: int, log: Callable[[str], None],
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, secret: str = ""):
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
@@ -94,13 +105,14 @@ class EngineChild:
         self.exit_code: int | None = None
         self.is_ready = False
         self.reason: str | None = None  # the child's last `strata: <reason>` line
+        self.unhealthy: str | None = None  # why it is being restarted while it still runs (Supervisor._watch)
         self.last_line = ""
         self.slots = asyncio.Semaphore(parallel)
         self.ready: asyncio.Future = loop.create_future()
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=_child_env(), **_child_flags())
+                                     env=_child_env(secret), **_child_flags())
         self._readers = [threading.Thread(target=self._pipe, args=(s,), daemon=True, name="strata-engine-log")
                          for s in (self.proc.stdout, self.proc.stderr)]
         for t in self._readers:
@@ -169,8 +181,10 @@ def _start_failure_reason(child: EngineChild) -> str:
     return f"it exited with code {child.exit_code}{tail}"
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(secret: str = "") -> dict[str, str]:
     env = dict(os.environ)
+    if secret:
+        env[ENV_ENGINE_SECRET] = secret
     # `python -m strata` must work even when strata is run from a checkout, not installed
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -207,6 +221,9 @@ class Supervisor:
         self.client: httpx.AsyncClient | None = None
         self._lock = asyncio.Lock()
         self._starts = 0
+        # the key of every engine child (strata.server.engine_process.ENV_ENGINE_SECRET);
+        # the client below sends it on every call to the child
+        self.engine_secret = secrets.token_urlsafe(32)
 
     def engine_argv(self, port: int) -> list[str]:
         argv = [*self.command, *self.cfg.args, "--parallel", str(self.parallel),
@@ -218,7 +235,8 @@ class Supervisor:
     # ------------------------------------------------------------ starting and stopping
     async def start(self) -> None:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                                        headers={"authorization": f"Bearer {self.engine_secret}"})
         async with self._lock:
             self._spawn()
 
@@ -230,14 +248,14 @@ class Supervisor:
             self.log("strata serve: restarting the engine")
         self._starts += 1
         self.metrics.engine_starts.inc()
-        child = EngineChild(argv, port, self.parallel, self.log, asyncio.get_running_loop())
+        child = EngineChild(argv, port, self.parallel, self.log, asyncio.get_running_loop(), self.engine_secret)
         self.log(f"strata serve: engine pid {child.pid} starting on port {port}")
         self.child = child
         asyncio.get_running_loop().create_task(self._watch(child))
         return child
 
     async def _watch(self, child: EngineChild) -> None:
-        """Wait for the child to become ready (or fail), then for it to exit."""
+        """Wait for the child to become ready (or fail), then watch its health until it exits."""
         deadline = child.started_at + self.cfg.startup_timeout
         while child.alive and not child.ready.done():
             if time.monotonic() > deadline:
@@ -258,16 +276,48 @@ class Supervisor:
                 pass
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(child.exited.wait(), HEALTH_POLL_S)
+        if child.is_ready:
+            await self._until_unhealthy(child)
         await child.exited.wait()
         self.metrics.engine_up.set(0)
         if not child.ready.done():
             why = _start_failure_reason(child)
             self._start_failed(child, f"the engine could not start: {why}")
+        elif child.unhealthy is not None:
+            self.metrics.engine_exits.labels("unhealthy").inc()
         elif child.is_ready and not self.drain.draining:
             self.metrics.engine_exits.labels("crash").inc()
             self.log(f"strata serve: {DIED_MESSAGE.format(code=child.exit_code)}")
         else:
             self.metrics.engine_exits.labels("stopped").inc()
+
+    async def _until_unhealthy(self, child: EngineChild) -> None:
+        """Poll a ready child's /health until it exits; kill it when it says it is unhealthy (a
+        dead scheduler, a window past its watchdog) or stops answering (stopped, hung). Its
+        running requests then end as after any crash (503 engine_stopped), and the next request
+        starts a new engine."""
+        misses = 0
+        while child.alive:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(child.exited.wait(), WATCH_POLL_S)
+            if not child.alive or self.drain.draining:
+                return
+            why = None
+            try:
+                r = await self.client.get(child.url + "/health", timeout=WATCH_ANSWER_S)
+                misses = 0
+                body = r.json() if r.status_code == 503 else {}
+                if isinstance(body, dict) and body.get("status") == "unhealthy":
+                    why = (body.get("error") or {}).get("message") or "it says it is unhealthy"
+            except (httpx.HTTPError, ValueError):  # (ValueError: a body that is not JSON)
+                misses += 1
+                if misses >= WATCH_MISSES:
+                    why = f"its /health did not answer within {WATCH_ANSWER_S:g} s, {misses} times in a row"
+            if why is not None and child.alive:
+                child.unhealthy = why
+                self.log(f"strata serve: the engine is unhealthy ({why}); restarting it")
+                child.kill()
+                return
 
     def _start_failed(self, child: EngineChild, message: str) -> None:
         if child.ready.done():
@@ -315,6 +365,8 @@ class Supervisor:
         child = self.child
         if self.drain.draining:
             state, why = "shutting_down", "the server is shutting down"
+        elif child is not None and child.alive and child.unhealthy is not None:
+            state, why = "unhealthy", f"the engine is being restarted: {child.unhealthy}"
         elif child is not None and child.alive and child.is_ready:
             return 200, {"status": "ok"}
         elif child is not None and child.alive:
@@ -347,6 +399,7 @@ class ServeApp:
     def __init__(self, sup: Supervisor):
         self.sup = sup
         self.cfg = sup.cfg
+        self.preparer = Preparer()  # parsing and validating big bodies, off the event loop
         self.app = self._build()
 
     def _deadline(self) -> float | None:
@@ -396,8 +449,8 @@ class ServeApp:
     async def _admit_and_forward(self, request: Request, path: str) -> Response:
         sup = self.sup
         check_api_key(request, self.cfg.api_key)
-        raw = await read_body(request, self.cfg.max_request_bytes)
-        req = validate(REQUEST_MODELS[path], parse_json_object(raw))
+        raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
+        req = await self.preparer.run(parse_request, REQUEST_MODELS[path], raw)
         sup.drain.refuse_if_draining()
         if sup.outstanding >= sup.parallel + self.cfg.max_queued:
             raise APIError("rate_limit_error",
@@ -475,37 +528,45 @@ class ServeApp:
         return cleanup
 
     async def _relay(self, resp: httpx.Response, child: EngineChild, deadline, cleanup) -> AsyncIterator[bytes]:
-        """Pass the engine's SSE bytes through; if the engine dies or time runs out, end the
-        stream with an error event and [DONE]."""
+        """Pass the engine's SSE bytes through as they come, unparsed (what arrived since the last
+        write goes out as one chunk); if the engine dies or time runs out, end the stream with an
+        error event and [DONE]."""
         sup = self.sup
         at_boundary = True  # the bytes sent so far end between two events
         outcome_label = "ok"
+        reader = UpstreamReader(resp.aiter_raw())
+        # one watcher and one timer for the whole stream, not a race per chunk
+        shutdown = asyncio.ensure_future(sup.drain.expired.wait())
+        shutdown.add_done_callback(lambda f: f.cancelled() or reader.stop("shutdown"))
+        left = self._left(deadline)
+        timer = None if left is None else asyncio.get_running_loop().call_later(left, reader.stop, "timeout")
         try:
-            chunks = resp.aiter_raw()
             while True:
-                try:
-                    outcome, chunk = await first_of(chunks.__anext__(), {"shutdown": sup.drain.expired},
-                                                    self._left(deadline))
-                except StopAsyncIteration:
+                what, value = await reader.next()
+                if what == "data":
+                    at_boundary = value.endswith(b"\n\n")
+                    yield value
+                    continue
+                if what == "end":
                     break
-                except httpx.TransportError as e:
-                    err = await self._upstream_error(child, e)
-                    outcome_label = err.code
-                    yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
-                    return
-                if outcome != "done":
+                if what == "error":
+                    if not isinstance(value, httpx.TransportError):
+                        raise value
+                    err = await self._upstream_error(child, value)
+                else:
                     err = (APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
-                           if outcome == "shutdown" else self._timed_out())
-                    outcome_label = err.code
-                    yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
-                    return
-                if chunk:
-                    at_boundary = chunk.endswith(b"\n\n")
-                    yield chunk
+                           if value == "shutdown" else self._timed_out())
+                outcome_label = err.code
+                yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
+                return
         except asyncio.CancelledError:
             outcome_label = "client_gone"
             raise
         finally:
+            shutdown.cancel()
+            if timer is not None:
+                timer.cancel()
+            reader.close()
             sup.metrics.requests.labels(outcome_label).inc()
             await cleanup()
 
@@ -533,6 +594,9 @@ class ServeApp:
 
         app = FastAPI(title="strata serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
         install_error_handlers(app, sup.log)
+        app.add_middleware(EdgeMiddleware, policy=EdgePolicy.for_bind(
+            self.cfg.host, api_key=self.cfg.api_key, allowed_hosts=self.cfg.allowed_hosts,
+            allowed_origins=self.cfg.allowed_origins))
 
         @app.get("/health")
         async def health():
@@ -557,7 +621,7 @@ class ServeApp:
 
         @app.get("/v1/models/{model_id:path}")
         async def model(model_id: str, request: Request):
-            return await self._proxy_get(request, f"/v1/models/{model_id}")
+            return await self._proxy_get(request, model_path(model_id))
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
@@ -568,6 +632,21 @@ class ServeApp:
             return await self._generate(request, "/v1/completions")
 
         return app
+
+
+# a model id never holds control characters, and a path segment "." or ".." would be resolved
+# away by the URL instead of reaching the engine as a name
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def model_path(model_id: str) -> str:
+    """The engine's path for /v1/models/{model_id}: the id quoted whole (its slashes and dots
+    stay part of the name), never a way to reach another engine route."""
+    if _CONTROL.search(model_id):
+        raise invalid("model: the model id holds control characters", param="model")
+    if any(seg in (".", "..") for seg in model_id.split("/")):
+        raise APIError("not_found_error", f"model {model_id!r} not found", param="model", code="model_not_found")
+    return "/v1/models/" + quote(model_id, safe="")
 
 
 class _ClientGone(Exception):

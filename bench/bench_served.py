@@ -1,0 +1,350 @@
+"""Served throughput beside the engine's own: the engine alone, `strata engine` over HTTP, `strata serve`.
+
+  python bench/bench_served.py [--pack P] [--device cpu|cuda] [--clients 8] [--tokens 256]
+        [--batches 1,4,8] [--runs 3] [--parts engine,http,serve] [--tree DIR] [--json FILE]
+
+One call measures, on the same pack, prompts and flags:
+- engine: the engine core in this process through the real scheduler, as bench/bench_gpu_engine.py
+  measures it: B requests of a 16-token prompt, greedy, EOS ignored, tok/s = B x tokens / (time of
+  1 + tokens minus time of 1), median of --runs after a warm-up; the B = 1, 1-token time is the
+  prompt's own prefill (the floor under a served first token);
+- http: `strata engine` as a child process, driven over HTTP on 127.0.0.1;
+- serve: `strata serve` (its own engine child), driven through its public port.
+The served parts send --clients concurrent OpenAI streaming /v1/completions requests (the same
+16-token prompts as token ids, max_tokens = --tokens, ignore_eos, temperature 0, usage included),
+from a light HTTP/1.1 client on one event loop in this process, and report: aggregate tok/s (all
+completion tokens / wall time of the round, median of --runs rounds after a warm-up), its ratio to
+the engine at B = --clients, time to first text p50/p99, the gap between a request's consecutive
+text events at the client p50/p99, and the first-text time of one client on an idle server
+(median of 10). --tree runs another checkout's strata (a baseline) with this same driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT_LEN = 16
+IDLE_TTFT_TRIES = 10
+
+
+# ---------------------------------------------------------------- numbers
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); nan for no values."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))]
+
+
+@dataclass
+class Served:
+    """One served part's measurements over its rounds."""
+
+    rates: list[float] = field(default_factory=list)  # aggregate tok/s per round
+    ttft: list[float] = field(default_factory=list)  # seconds, every request of every round
+    gaps: list[float] = field(default_factory=list)  # seconds, between consecutive text events
+    idle_ttft: list[float] = field(default_factory=list)
+
+    def row(self) -> dict:
+        ms = 1000.0
+        return {"tok_s": statistics.median(self.rates), "ttft_p50_ms": percentile(self.ttft, 50) * ms,
+                "ttft_p99_ms": percentile(self.ttft, 99) * ms, "gap_p50_ms": percentile(self.gaps, 50) * ms,
+                "gap_p99_ms": percentile(self.gaps, 99) * ms, "idle_ttft_ms": statistics.median(self.idle_ttft) * ms}
+
+
+# ---------------------------------------------------------------- a light streaming client
+
+class StreamFailed(Exception):
+    pass
+
+
+async def stream_completion(port: int, body: dict) -> tuple[list[float], int, float]:
+    """POST one streaming completion; returns (arrival time of each text event, completion tokens,
+    send time). HTTP/1.1 by hand so that the client's own cost per event stays small beside the
+    server's (every process here shares the same few cores)."""
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    t0 = time.perf_counter()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        chunked = b"transfer-encoding: chunked" in head.lower()
+        arrivals: list[float] = []
+        tokens = -1
+        pending = b""  # body bytes not yet split into events
+        raw = b""  # bytes not yet de-chunked
+        done = False
+        while not done:
+            data = await reader.read(65536)
+            now = time.perf_counter()
+            if not data:
+                break
+            if chunked:
+                raw += data
+                while True:  # take every complete chunk
+                    eol = raw.find(b"\r\n")
+                    if eol < 0:
+                        break
+                    size = int(raw[:eol].split(b";")[0], 16)
+                    if len(raw) < eol + 2 + size + 2:
+                        break
+                    pending += raw[eol + 2:eol + 2 + size]
+                    raw = raw[eol + 2 + size + 2:]
+                    if size == 0:
+                        done = True
+                        break
+            else:
+                pending += data
+            *events, pending = pending.split(b"\n\n")
+            for ev in events:
+                if ev == b"data: [DONE]":
+                    done = True
+                elif b'"usage":{' in ev:
+                    tokens = json.loads(ev[6:])["usage"]["completion_tokens"]
+                elif b'"error"' in ev[:16]:
+                    raise StreamFailed(ev.decode(errors="replace"))
+                elif b'"text":"' in ev and b'"text":""' not in ev:
+                    arrivals.append(now)
+        if status != 200:
+            raise StreamFailed(f"HTTP {status}: {pending[:300]!r}")
+        if not done:
+            raise StreamFailed("the stream ended before [DONE]")
+        return arrivals, tokens, t0
+    finally:
+        writer.close()
+
+
+async def one_round(port: int, prompts: list[list[int]], tokens: int, out: Served | None) -> float:
+    """All prompts at once; returns aggregate tok/s and adds TTFT / gaps to `out`."""
+    bodies = [{"prompt": p, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+               "stream_options": {"include_usage": True}} for p in prompts]
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(stream_completion(port, b) for b in bodies))
+    wall = time.perf_counter() - t0
+    total = 0
+    for arrivals, n, sent in results:
+        if n != tokens:
+            raise StreamFailed(f"a request got {n} completion tokens, not {tokens}")
+        total += n
+        if out is not None and arrivals:
+            out.ttft.append(arrivals[0] - sent)
+            out.gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:]))
+    return total / wall
+
+
+async def drive(port: int, prompts: list[list[int]], tokens: int, runs: int) -> Served:
+    out = Served()
+    await one_round(port, prompts, tokens, None)  # warm-up: every window shape seen once
+    for _ in range(runs):
+        out.rates.append(await one_round(port, prompts, tokens, out))
+    for _ in range(IDLE_TTFT_TRIES):
+        arrivals, _, sent = await stream_completion(port, {"prompt": prompts[0], "max_tokens": 2, "temperature": 0,
+                                                           "ignore_eos": True, "stream": True,
+                                                           "stream_options": {"include_usage": True}})
+        out.idle_ttft.append(arrivals[0] - sent)
+    return out
+
+
+# ---------------------------------------------------------------- the engine alone
+
+def engine_alone(tree: Path, engine_args: list[str], prompts, batches: list[int], tokens: int, runs: int) -> dict:
+    sys.path.insert(0, str(tree))
+    from strata.engine.core import EngineCore
+    from strata.engine.options import parse_engine_args
+    from strata.engine.protocol import GenerationRequest, SamplingParams
+
+    core = EngineCore.load(parse_engine_args(engine_args, serving=False), log=lambda s: None)
+
+    def timed(ps, n) -> float:
+        hs = [core.submit(GenerationRequest(list(p), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
+              for p in ps]
+        t0 = time.perf_counter()
+        core.scheduler.run_until_idle()
+        dt = time.perf_counter() - t0
+        for h in hs:
+            h.collect()
+        return dt
+
+    def median_time(ps, n) -> float:
+        return statistics.median(timed(ps, n) for _ in range(runs))
+
+    out = {}
+    for b in batches:
+        ps = prompts[:b]
+        timed(ps, 1 + tokens)
+        t1 = median_time(ps, 1)
+        tn = median_time(ps, 1 + tokens)
+        out[b] = b * tokens / max(tn - t1, 1e-9)
+        if b == 1:
+            out["prefill_ms"] = t1 * 1000.0
+        print(f"[engine] B={b}: {out[b]:.1f} tok/s", flush=True)
+    del core
+    gc.collect()
+    _free_device_memory()
+    return out
+
+
+def _free_device_memory() -> None:
+    """So that the engines started next find the GPU as a fresh process would."""
+    if "cupy" in sys.modules:
+        cp = sys.modules["cupy"]
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def vocab_of(tree: Path, pack: str | None) -> int:
+    sys.path.insert(0, str(tree))
+    from strata.defaults import default_model_path
+    from strata.gguf.reader import GGUFFile
+
+    path = Path(pack) if pack else default_model_path()
+    if path.is_dir():
+        path = sorted(path.glob("*.gguf"))[0]
+    return len(GGUFFile(path).metadata["tokenizer.ggml.tokens"])
+
+
+# ---------------------------------------------------------------- served parts
+
+class Child:
+    """`python -m strata.cli.main <command> ...` of `tree`, its output kept for errors."""
+
+    def __init__(self, tree: Path, command: str, args: list[str]):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        flags = ({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if sys.platform == "win32"
+                 else {"start_new_session": True})
+        self.proc = subprocess.Popen([sys.executable, "-m", "strata.cli.main", command, *args], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **flags)
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.port = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.lines.append(line)
+            if not self.port and (m := re.search(r"listening on http://[\d.]+:(\d+)", line)):
+                self.port = int(m.group(1))
+            if re.search(r"engine: ready|serve: engine ready", line):
+                self.ready.set()
+        self.ready.set()
+
+    def wait_ready(self, timeout: float) -> int:
+        if not self.ready.wait(timeout) or self.proc.poll() is not None or not self.port:
+            raise SystemExit("the server did not become ready; its output:\n" + "\n".join(self.lines[-30:]))
+        return self.port
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.CTRL_BREAK_EVENT if sys.platform == "win32" else signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts, tokens: int, runs: int,
+           timeout: float) -> Served:
+    if part == "http":
+        child = Child(tree, "engine", [*engine_args, "--port", "0", "--max-queued", str(4 * clients)])
+    else:
+        cfg = {"parallel": clients, "max_queued": 4 * clients, "args": engine_args}
+        path = Path(tempfile.mkdtemp()) / "serve.json"
+        path.write_text(json.dumps(cfg))
+        child = Child(tree, "serve", ["--config", str(path), "--port", "0"])
+    try:
+        port = child.wait_ready(timeout)
+        out = asyncio.run(drive(port, prompts[:clients], tokens, runs))
+    except (OSError, StreamFailed):
+        print(f"[{part}] the server's output:\n" + "\n".join(child.lines[-30:]), file=sys.stderr)
+        raise
+    finally:
+        child.stop()
+    row = out.row()
+    print(f"[{part}] {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
+          f"gap p50/p99 {row['gap_p50_ms']:.2f}/{row['gap_p99_ms']:.2f} ms, idle TTFT {row['idle_ttft_ms']:.1f} ms",
+          flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pack", default=None, help="pack (default: the test model)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--batches", default="1,4,8", help="engine-alone batch sizes")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--parts", default="engine,http,serve")
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--extra", default="", help="more engine flags, for every part")
+    ap.add_argument("--tree", default=str(ROOT), help="the checkout whose strata runs (default: this one)")
+    ap.add_argument("--label", default="", help="a name for this tree in the table")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a server may take to become ready")
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args()
+    tree = Path(a.tree).resolve()
+    parts = a.parts.split(",")
+    batches = sorted({int(b) for b in a.batches.split(",")} | {1, a.clients})
+    engine_args = ["--device", a.device, "--parallel", str(max(a.clients, *batches)), "--max-context",
+                   str(a.max_context), *a.extra.split()]
+    if a.pack:
+        engine_args = ["--pack", str(Path(a.pack).resolve()), *engine_args]
+
+    import random
+    rng = random.Random(0)
+    vocab = vocab_of(tree, a.pack)
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(PROMPT_LEN)] for _ in range(max(a.clients, *batches))]
+
+    engine = engine_alone(tree, engine_args, prompts, batches, a.tokens, a.runs) if "engine" in parts else {}
+    rows = {p: served(tree, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.timeout).row()
+            for p in ("http", "serve") if p in parts}
+
+    label = a.label or tree.name
+    ref = engine.get(a.clients)
+    print()
+    print(f"pack: {a.pack or 'test model'}  device: {a.device}  tree: {label}  {a.clients} clients x {a.tokens} tokens"
+          f"  runs: {a.runs}")
+    if engine:
+        print("engine alone: " + ", ".join(f"B={b} {engine[b]:.1f}" for b in batches)
+              + f" tok/s; prefill of the {PROMPT_LEN}-token prompt + 1 token: {engine['prefill_ms']:.1f} ms")
+    print("| tree | part | tok/s | / engine B=%d | TTFT p50 | TTFT p99 | gap p50 | gap p99 | idle TTFT |" % a.clients)
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    if ref:
+        print(f"| {label} | engine alone | {ref:.1f} | 1.00 | | | | | {engine['prefill_ms']:.1f} |")
+    for part, r in rows.items():
+        ratio = f"{r['tok_s'] / ref:.2f}" if ref else ""
+        print(f"| {label} | {part} | {r['tok_s']:.1f} | {ratio} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
+              f"{r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | {r['idle_ttft_ms']:.1f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"label": label, "pack": a.pack, "device": a.device, "clients": a.clients,
+                                            "tokens": a.tokens, "engine": {str(k): v for k, v in engine.items()},
+                                            "served": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
