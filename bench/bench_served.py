@@ -16,7 +16,7 @@ from a light HTTP/1.1 client on one event loop in this process, and report: aggr
 completion tokens / wall time of the round, median of --runs rounds after a warm-up), its ratio to
 the engine at B = --clients, time to first text p50/p99, the gap between a request's consecutive
 text events at the client p50/p99, and the first-text time of one client on an idle server
-(median of 10). --tree runs another checkout's strata (a baseline) with this same driver.
+(median of 10), after --warmup untimed rounds. --tree runs another checkout's strata (a baseline) with this same driver.
 """
 
 from __future__ import annotations
@@ -150,9 +150,10 @@ async def one_round(port: int, prompts: list[list[int]], tokens: int, out: Serve
     return total / wall
 
 
-async def drive(port: int, prompts: list[list[int]], tokens: int, runs: int) -> Served:
+async def drive(port: int, prompts: list[list[int]], tokens: int, runs: int, warmup: int) -> Served:
     out = Served()
-    await one_round(port, prompts, tokens, None)  # warm-up: every window shape seen once
+    for _ in range(warmup):  # window shapes seen (and captured as CUDA graphs) before timing
+        await one_round(port, prompts, tokens, None)
     for _ in range(runs):
         out.rates.append(await one_round(port, prompts, tokens, out))
     for _ in range(IDLE_TTFT_TRIES):
@@ -196,7 +197,7 @@ def engine_alone(tree: Path, engine_args: list[str], prompts, batches: list[int]
         if b == 1:
             out["prefill_ms"] = t1 * 1000.0
         print(f"[engine] B={b}: {out[b]:.1f} tok/s", flush=True)
-    del core
+    core = None  # its device memory goes back before the served parts start their engines
     gc.collect()
     _free_device_memory()
     return out
@@ -265,7 +266,7 @@ class Child:
 
 
 def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts, tokens: int, runs: int,
-           timeout: float) -> Served:
+           warmup: int, timeout: float) -> Served:
     if part == "http":
         child = Child(tree, "engine", [*engine_args, "--port", "0", "--max-queued", str(4 * clients)])
     else:
@@ -275,7 +276,7 @@ def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts,
         child = Child(tree, "serve", ["--config", str(path), "--port", "0"])
     try:
         port = child.wait_ready(timeout)
-        out = asyncio.run(drive(port, prompts[:clients], tokens, runs))
+        out = asyncio.run(drive(port, prompts[:clients], tokens, runs, warmup))
     except (OSError, StreamFailed):
         print(f"[{part}] the server's output:\n" + "\n".join(child.lines[-30:]), file=sys.stderr)
         raise
@@ -298,6 +299,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--batches", default="1,4,8", help="engine-alone batch sizes")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones (served parts)")
     ap.add_argument("--parts", default="engine,http,serve")
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--extra", default="", help="more engine flags, for every part")
@@ -320,14 +322,14 @@ def main() -> int:
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(PROMPT_LEN)] for _ in range(max(a.clients, *batches))]
 
     engine = engine_alone(tree, engine_args, prompts, batches, a.tokens, a.runs) if "engine" in parts else {}
-    rows = {p: served(tree, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.timeout).row()
+    rows = {p: served(tree, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.warmup, a.timeout).row()
             for p in ("http", "serve") if p in parts}
 
     label = a.label or tree.name
     ref = engine.get(a.clients)
     print()
     print(f"pack: {a.pack or 'test model'}  device: {a.device}  tree: {label}  {a.clients} clients x {a.tokens} tokens"
-          f"  runs: {a.runs}")
+          f"  runs: {a.runs} after {a.warmup} warm-up round(s)")
     if engine:
         print("engine alone: " + ", ".join(f"B={b} {engine[b]:.1f}" for b in batches)
               + f" tok/s; prefill of the {PROMPT_LEN}-token prompt + 1 token: {engine['prefill_ms']:.1f} ms")

@@ -328,11 +328,11 @@ class EngineAPI:
     async def _generate(self, request: Request, model_cls, endpoint: str) -> Response:
         check_api_key(request, self.api_key)
         raw = await read_body(request, self.max_request_bytes, self.body_timeout)
-        req = await self.preparer.run(parse_request, model_cls, raw)
+        req = await self.preparer.run(len(raw), parse_request, model_cls, raw)
         core = self._ready_core()
         check_model_name(req.model, self.model_name)
         try:
-            ids, echo_text = await self.preparer.run(self._prompt_ids, core, req)
+            ids, echo_text = await self.preparer.run(len(raw), self._prompt_ids, core, req)
             job = self._submit(core, req, "chat" if model_cls is ChatCompletionRequest else "completion", ids, echo_text)
         except APIError as e:
             self.metrics.finished(endpoint, "rejected")

@@ -450,7 +450,7 @@ class ServeApp:
         sup = self.sup
         check_api_key(request, self.cfg.api_key)
         raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
-        req = await self.preparer.run(parse_request, REQUEST_MODELS[path], raw)
+        req = await self.preparer.run(len(raw), parse_request, REQUEST_MODELS[path], raw)
         sup.drain.refuse_if_draining()
         if sup.outstanding >= sup.parallel + self.cfg.max_queued:
             raise APIError("rate_limit_error",
