@@ -16,7 +16,8 @@ from a light HTTP/1.1 client on one event loop in this process, and report: aggr
 completion tokens / wall time of the round, median of --runs rounds after a warm-up), its ratio to
 the engine at B = --clients, time to first text p50/p99, the gap between a request's consecutive
 text events at the client p50/p99, and the first-text time of one client on an idle server
-(median of 10), after --warmup untimed rounds. --tree runs another checkout's strata (a baseline) with this same driver.
+(median of 10), after --warmup untimed rounds, and the CPU the started server process used
+(in cores: `serve` is the proxy alone, its engine child not counted). --tree runs another checkout's strata (a baseline) with this same driver.
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ class Served:
     ttft: list[float] = field(default_factory=list)  # seconds, every request of every round
     gaps: list[float] = field(default_factory=list)  # seconds, between consecutive text events
     idle_ttft: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # the started server process's CPU use per round, in cores
 
     def row(self) -> dict:
         ms = 1000.0
         return {"tok_s": statistics.median(self.rates), "ttft_p50_ms": percentile(self.ttft, 50) * ms,
                 "ttft_p99_ms": percentile(self.ttft, 99) * ms, "gap_p50_ms": percentile(self.gaps, 50) * ms,
-                "gap_p99_ms": percentile(self.gaps, 99) * ms, "idle_ttft_ms": statistics.median(self.idle_ttft) * ms}
+                "gap_p99_ms": percentile(self.gaps, 99) * ms, "idle_ttft_ms": statistics.median(self.idle_ttft) * ms,
+                "server_cpu": statistics.median(self.cpu) if self.cpu else float("nan")}
 
 
 # ---------------------------------------------------------------- a light streaming client
@@ -132,13 +135,28 @@ async def stream_completion(port: int, body: dict) -> tuple[list[float], int, fl
         writer.close()
 
 
-async def one_round(port: int, prompts: list[list[int]], tokens: int, out: Served | None) -> float:
-    """All prompts at once; returns aggregate tok/s and adds TTFT / gaps to `out`."""
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+
+
+async def one_round(port: int, prompts: list[list[int]], tokens: int, out: Served | None,
+                    server_pid: int | None = None) -> float:
+    """All prompts at once; returns aggregate tok/s and adds TTFT / gaps (and the server
+    process's CPU use, in cores: 1.0 is one core busy the whole round) to `out`."""
     bodies = [{"prompt": p, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
                "stream_options": {"include_usage": True}} for p in prompts]
+    cpu0 = cpu_seconds(server_pid)
     t0 = time.perf_counter()
     results = await asyncio.gather(*(stream_completion(port, b) for b in bodies))
     wall = time.perf_counter() - t0
+    cpu1 = cpu_seconds(server_pid)
+    if out is not None and cpu0 is not None and cpu1 is not None:
+        out.cpu.append((cpu1 - cpu0) / wall)
     total = 0
     for arrivals, n, sent in results:
         if n != tokens:
@@ -150,12 +168,13 @@ async def one_round(port: int, prompts: list[list[int]], tokens: int, out: Serve
     return total / wall
 
 
-async def drive(port: int, prompts: list[list[int]], tokens: int, runs: int, warmup: int) -> Served:
+async def drive(port: int, prompts: list[list[int]], tokens: int, runs: int, warmup: int,
+                server_pid: int | None = None) -> Served:
     out = Served()
     for _ in range(warmup):  # window shapes seen (and captured as CUDA graphs) before timing
         await one_round(port, prompts, tokens, None)
     for _ in range(runs):
-        out.rates.append(await one_round(port, prompts, tokens, out))
+        out.rates.append(await one_round(port, prompts, tokens, out, server_pid))
     for _ in range(IDLE_TTFT_TRIES):
         arrivals, _, sent = await stream_completion(port, {"prompt": prompts[0], "max_tokens": 2, "temperature": 0,
                                                            "ignore_eos": True, "stream": True,
@@ -276,7 +295,7 @@ def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts,
         child = Child(tree, "serve", ["--config", str(path), "--port", "0"])
     try:
         port = child.wait_ready(timeout)
-        out = asyncio.run(drive(port, prompts[:clients], tokens, runs, warmup))
+        out = asyncio.run(drive(port, prompts[:clients], tokens, runs, warmup, child.proc.pid))
     except (OSError, StreamFailed):
         print(f"[{part}] the server's output:\n" + "\n".join(child.lines[-30:]), file=sys.stderr)
         raise
@@ -284,7 +303,8 @@ def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts,
         child.stop()
     row = out.row()
     print(f"[{part}] {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
-          f"gap p50/p99 {row['gap_p50_ms']:.2f}/{row['gap_p99_ms']:.2f} ms, idle TTFT {row['idle_ttft_ms']:.1f} ms",
+          f"gap p50/p99 {row['gap_p50_ms']:.2f}/{row['gap_p99_ms']:.2f} ms, idle TTFT {row['idle_ttft_ms']:.1f} ms, "
+          f"server CPU {row['server_cpu']:.2f} cores",
           flush=True)
     return out
 
@@ -333,14 +353,15 @@ def main() -> int:
     if engine:
         print("engine alone: " + ", ".join(f"B={b} {engine[b]:.1f}" for b in batches)
               + f" tok/s; prefill of the {PROMPT_LEN}-token prompt + 1 token: {engine['prefill_ms']:.1f} ms")
-    print("| tree | part | tok/s | / engine B=%d | TTFT p50 | TTFT p99 | gap p50 | gap p99 | idle TTFT |" % a.clients)
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| tree | part | tok/s | / engine B=%d | TTFT p50 | TTFT p99 | gap p50 | gap p99 | idle TTFT | server CPU |"
+          % a.clients)
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     if ref:
         print(f"| {label} | engine alone | {ref:.1f} | 1.00 | | | | | {engine['prefill_ms']:.1f} |")
     for part, r in rows.items():
         ratio = f"{r['tok_s'] / ref:.2f}" if ref else ""
         print(f"| {label} | {part} | {r['tok_s']:.1f} | {ratio} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
-              f"{r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | {r['idle_ttft_ms']:.1f} |")
+              f"{r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | {r['idle_ttft_ms']:.1f} | {r['server_cpu']:.2f} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"label": label, "pack": a.pack, "device": a.device, "clients": a.clients,
                                             "tokens": a.tokens, "engine": {str(k): v for k, v in engine.items()},
