@@ -8,7 +8,8 @@ compiles every module of strata.kernels.cuda.catalog with nvcc for sm_80 (A100, 
 target), as the wrappers compile them: the same code, options and template instances. Every
 architecture guard in the sources is at sm_90 (PDL, bulk copies), so sm_86 and sm_89 (RTX 30xx
 and 40xx) build the same code as sm_80; STRATA_TEST_CUDA_ARCHS=80,86,89 compiles for those too
-(about 80 s per architecture on 2 cores). It needs nvcc, not a GPU, and skips where there is none.
+(about 80 s per architecture on 2 cores). It needs nvcc, not a GPU, and skips where there is none;
+being that slow it is marked `nvcc`, left out of the default run: `python3 -m pytest -m nvcc`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from strata.kernels.cuda import catalog
 NVCC = shutil.which("nvcc")
 ARCHS = tuple(int(a) for a in os.environ.get("STRATA_TEST_CUDA_ARCHS", "80").split(","))
 
-pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit), no GPU")
+pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit), no GPU")]
 
 
 def _translation_unit(m: catalog.ModuleSource) -> str:
