@@ -246,13 +246,15 @@ def vocab_of(tree: Path, pack: str | None) -> int:
 class Child:
     """`python -m strata.cli.main <command> ...` of `tree`, its output kept for errors."""
 
-    def __init__(self, tree: Path, command: str, args: list[str]):
+    def __init__(self, tree: Path, command: str, args: list[str], profile: Path | None = None):
         env = dict(os.environ)
         env["PYTHONPATH"] = str(tree) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["PYTHONUNBUFFERED"] = "1"
         flags = ({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if sys.platform == "win32"
                  else {"start_new_session": True})
-        self.proc = subprocess.Popen([sys.executable, "-m", "strata.cli.main", command, *args], env=env,
+        # cProfile sees the main thread: the event loop, where the served path's Python work runs
+        run = ["-m", "cProfile", "-o", str(profile), "-m"] if profile else ["-m"]
+        self.proc = subprocess.Popen([sys.executable, *run, "strata.cli.main", command, *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **flags)
         self.lines: list[str] = []
         self.ready = threading.Event()
@@ -285,14 +287,15 @@ class Child:
 
 
 def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts, tokens: int, runs: int,
-           warmup: int, timeout: float) -> Served:
+           warmup: int, timeout: float, profile_dir: str = "") -> Served:
+    profile = Path(profile_dir) / f"{part}.prof" if profile_dir else None
     if part == "http":
-        child = Child(tree, "engine", [*engine_args, "--port", "0", "--max-queued", str(4 * clients)])
+        child = Child(tree, "engine", [*engine_args, "--port", "0", "--max-queued", str(4 * clients)], profile)
     else:
         cfg = {"parallel": clients, "max_queued": 4 * clients, "args": engine_args}
         path = Path(tempfile.mkdtemp()) / "serve.json"
         path.write_text(json.dumps(cfg))
-        child = Child(tree, "serve", ["--config", str(path), "--port", "0"])
+        child = Child(tree, "serve", ["--config", str(path), "--port", "0"], profile)
     try:
         port = child.wait_ready(timeout)
         out = asyncio.run(drive(port, prompts[:clients], tokens, runs, warmup, child.proc.pid))
@@ -301,6 +304,10 @@ def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts,
         raise
     finally:
         child.stop()
+    if profile is not None and profile.is_file():
+        import pstats
+        print(f"[{part}] where the server's event loop spent its time (cProfile, top 25 by own time):")
+        pstats.Stats(str(profile)).sort_stats("tottime").print_stats(25)
     row = out.row()
     print(f"[{part}] {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, "
           f"gap p50/p99 {row['gap_p50_ms']:.2f}/{row['gap_p99_ms']:.2f} ms, idle TTFT {row['idle_ttft_ms']:.1f} ms, "
@@ -327,6 +334,8 @@ def main() -> int:
     ap.add_argument("--label", default="", help="a name for this tree in the table")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a server may take to become ready")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--profile", default="", metavar="DIR",
+                    help="run each server under cProfile (slower), write DIR/<part>.prof and print its top functions")
     a = ap.parse_args()
     tree = Path(a.tree).resolve()
     parts = a.parts.split(",")
@@ -342,7 +351,7 @@ def main() -> int:
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(PROMPT_LEN)] for _ in range(max(a.clients, *batches))]
 
     engine = engine_alone(tree, engine_args, prompts, batches, a.tokens, a.runs) if "engine" in parts else {}
-    rows = {p: served(tree, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.warmup, a.timeout).row()
+    rows = {p: served(tree, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.warmup, a.timeout, a.profile).row()
             for p in ("http", "serve") if p in parts}
 
     label = a.label or tree.name
