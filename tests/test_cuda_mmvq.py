@@ -96,7 +96,7 @@ def test_group_rows_only_for_large_matrices_of_few_rows():
     big = gpu.GROUP2_BYTES
     assert gpu._group_rows(14336, 2640, 8 * big) == gpu.RPW  # an FFN gate / up projection
     assert gpu._group_rows(4096, 2640, 3 * big) == 2  # its down projection: 1024 warps -> 2048
-    assert gpu._group_rows(4096, 2640, big - 1) == gpu.RPW  # small: latency-bound (S10-7)
+    assert gpu._group_rows(4096, 2640, big - 1) == gpu.RPW  # small: latency-bound
     assert gpu._group_rows(1980 * 4, 2640, 8 * big) == gpu.RPW  # exactly three quarters: RPW
     q4k = 12
     k = 14336

@@ -325,7 +325,7 @@ def test_long_prompt_rows_are_batch_invariant(tmp_path, arch, monkeypatch):
 def test_long_prompt_attention_on_tensor_cores(tmp_path, arch, monkeypatch):
     """A long prompt's rows attend through attention_prefill (these packs' head sizes, 64 and
     128, have kernels): close to the decode kernel's result (f16 queries and softmax weights
-    against fp32), and not equal to it (the other kernel did run). Measured on the H200 (S8-9):
+    against fp32), and not equal to it (the other kernel did run). Measured on the H200:
     llama under 0.02, qwen3moe 0.041 (its top-k routing amplifies rounding, as in the test
     above); a wrong kernel gives ~1."""
     path = synth_for_gpu(tmp_path, arch)

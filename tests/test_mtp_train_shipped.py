@@ -16,10 +16,10 @@ from strata.mtp.train.measure import chat_ids, load_core, run_prompts
 from strata.mtp.train.prompts import HELD_OUT, training_prompts
 
 # Floors under what the shipped draft measures on these prompts (docs/MTP.md), so they catch a
-# broken draft, a lost vocabulary or a stale one of session 2's level (a random draft accepts
-# ~0; the session-2 draft measures 0.30 and 1.36 here) without flaking on rounding (one token
-# more or less moves tokens per window by ~0.03). Session 4's draft (0.515, 1.82 with the full
-# head) is too close to the shipped one on 4 prompts to be told apart here: bench_mtp does that.
+# broken draft, a lost vocabulary or a weakly trained one (a random draft accepts ~0; a draft
+# from a short training run measures 0.30 and 1.36 here) without flaking on rounding (one token
+# more or less moves tokens per window by ~0.03). A draft close to the shipped one (0.515, 1.82
+# with the full head) cannot be told apart on 4 prompts: bench_mtp does that.
 MIN_FIRST_POSITION = 0.45  # acceptance of the first draft, greedy, --spec 3 (measured 0.571; full head 0.557)
 MIN_TOKENS_PER_WINDOW = 1.75  # measured 1.90 (full head 1.97)
 TEXTS = [HELD_OUT["chat"][0], HELD_OUT["chat"][2], HELD_OUT["code"][0], HELD_OUT["lists"][0]]

@@ -70,7 +70,7 @@ GROUPED_PAIRS_PER_EXPERT = 2
 # tiles of PROMPT_GEMM_ROWS rows (backend/cuda_prefill.py); every other row takes MMVQ. The two
 # round differently (f16 vs Q8_1 activations), so the choice is made per request (its prompt
 # length) and per weight, never per window: a row's bits do not depend on what shares it.
-# Measured on the H200 (bench_gpu_engine.py, dense-8b pp512, docs/notes/gpu-runs.md S4-9/10):
+# Measured on the H200 (bench_gpu_engine.py, dense-8b pp512):
 # MMVQ 2783 tok/s; GEMM row tiles of 64 / 128 / 256 rows 6370 / 7888 / 8820. A window on this
 # path costs ~50 ms of dequantization and launches before its GEMMs (~4 ms per row tile), so it
 # beats MMVQ (~0.36 ms per row) from ~150 rows on: hence prompts of 256 tokens or more. Slower

@@ -61,8 +61,8 @@ FUSED_DRAFTS_ENV = "STRATA_MTP_FUSED"
 
 def fused_drafts_default(backend: Any) -> bool:
     """Fused drafting where the backend replays window graphs (CUDA: one graph and one host
-    wait per window instead of two; measured faster at 1, 2 and 4 slots, docs/notes/gpu-runs.md
-    S5-1..6), not on the CPU (the same speed at 1 slot, slower batch-MTP: the draft's head runs
+    wait per window instead of two; measured faster at 1, 2 and 4 slots on
+    the H200), not on the CPU (the same speed at 1 slot, slower batch-MTP: the draft's head runs
     for every row). STRATA_MTP_FUSED=1 / 0 forces it on / off."""
     forced = os.environ.get(FUSED_DRAFTS_ENV, "").strip()
     if forced in ("0", "1"):

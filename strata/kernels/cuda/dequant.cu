@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(DQ_THREADS) dequant_rows(const u8* __restrict_
 
 // Prefill GEMMs' activations: float32 values to float16 (round to nearest, as a CuPy cast), 8 a
 // thread; values [live, total) are written as zeros (the padding rows of a GEMM's last row tile).
-// One launch where cupy.copyto and a fill cost ~100 us of host time per weight (S17-5). live and
+// One launch where cupy.copyto and a fill cost ~100 us of host time per weight. live and
 // total are multiples of 8; x and y 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(DQ_THREADS) f32_to_f16(const float* __restrict__ x, long long live,
                                                                      long long total, unsigned short* __restrict__ y) {

@@ -10,12 +10,12 @@
 // graph these kernels start while the kernel before them runs. Each calls wait_prior_grids()
 // before it reads anything an earlier kernel writes, then allow_dependents() (the next kernel
 // may start: a mat-vec fetches its first weight tiles; allowed before the wait, launched-early
-// kernels cascaded and held SM slots, S9-8). What no kernel writes (norm weights, the window and
+// kernels cascaded and held SM slots). What no kernel writes (norm weights, the window and
 // cache tables, cache rows older than the window) a few read before the wait, where its latency
-// hides behind the kernel before (S13-2 to S13-5). No pointer here is __restrict__ and no load goes
+// hides behind the kernel before. No pointer here is __restrict__ and no load goes
 // through the read-only path (__ldg): what an earlier kernel writes is not read-only for the
 // lifetime of a kernel started early, and restrict-qualified loads may be hoisted above the
-// wait (S9-3, S9-4).
+// wait.
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no math.h INFINITY
@@ -526,7 +526,7 @@ __device__ __forceinline__ void attention_kv_impl(const float* q, const long lon
     const long long L = pos + 1;
     {
         // only the block's first chunk: up to 16k keys a block has one (splits_for), and large
-        // bulk requests from one SM lost elsewhere (S13-9); longer caches were not measured
+        // bulk requests from one SM lost elsewhere; longer caches were not measured
         const int esize = INT8 ? 1 : 2;
         const long long j0 = (long long)z * ATT_CHUNK;
         if (j0 < min(L, first)) {

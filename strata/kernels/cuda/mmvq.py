@@ -56,7 +56,7 @@ WIDE_SMEM = int(os.environ.get("STRATA_MMVQ_WIDE_SMEM") or 200 * 1024)
 WIDE_MIN_BYTES = 16 << 20  # few long rows (groups of 2) from here
 WIDE_ANY_BYTES = 64 << 20  # any matrix from here
 # Types whose one column takes the lean instance where _takes_lean's rule applies: those it was
-# measured to help at 14336 x 4096 (S15-3, us, default -> lean, the lean instance with 2 stages):
+# measured to help at 14336 x 4096 (us, default -> lean, the lean instance with 2 stages):
 # Q4_K 10.6 -> 9.8, IQ4_NL 13.7 -> 12.2, Q5_K 14.0 -> 12.0, MXFP4 14.8 -> 12.3, NVFP4 14.3 ->
 # 12.6, IQ4_XS 14.8 -> 13.1, IQ2_XS 14.5 -> 12.9, IQ2_S 16.8 -> 15.0, IQ1_M 15.1 -> 13.6, IQ1_S
 # 14.0 -> 13.0, IQ3_S 13.3 -> 12.4, Q6_K 16.1 -> 15.4, Q4_0 11.0 -> 10.6. It lost on Q2_0, Q2_K,
@@ -387,8 +387,8 @@ def _takes_lean(type_id: int, rows: int, resident: int) -> bool:
     tiles and 2 stages, registers held for more resident blocks): for a type of LEAN_TYPES, under
     PDL (where it was measured: rows in groups of RPW, one warp each), when its row groups need
     more than one wave of the default instance and fit one of the lean one. On the H200, 14336
-    rows (S12-8, us, default -> lean with 3 stages): Q4_K 11.0 -> 10.5 (72 -> 75-76% of copy),
-    IQ4_NL 14.6 -> 13.6; with 2 stages (S15-3) 9.8 (80-81%) and 12.2 (64-65%), and more types
+    rows (us, default -> lean with 3 stages): Q4_K 11.0 -> 10.5 (72 -> 75-76% of copy),
+    IQ4_NL 14.6 -> 13.6; with 2 stages 9.8 (80-81%) and 12.2 (64-65%), and more types
     gain (LEAN_TYPES). Larger matrices run several waves either way, and there the default's
     larger tiles win (57344 x 8192: Q4_K 64.3 -> 65.9, IQ4_NL 75.5 -> 81.0). resident: the
     default instance's resident warps."""
@@ -404,13 +404,13 @@ def _takes_lean(type_id: int, rows: int, resident: int) -> bool:
 
 
 def _takes_wide(type_id: int, matrix_bytes: int, group: int) -> bool:
-    """Whether one column of this matrix runs mmvq_wide. Measured on the H200 (S11-4, S11-5, us,
+    """Whether one column of this matrix runs mmvq_wide. Measured on the H200 (us,
     mmvq -> mmvq_wide): IQ3_S 57344 x 8192 84.6 -> 69.5, 28672 x 8192 43.5 -> 40.9, 4096 x 14336
     (groups of 2) 16.1 -> 13.9; IQ3_XXS 4096 x 14336 18.5 -> 13.8, 28672 and 57344 x 8192 equal.
     Where it loses: 14336 x 4096 (25 MB in groups of 4) IQ3_S 13.3 -> 13.4, IQ3_XXS 12.5 -> 13.2;
     4096 x 4096 IQ3_S 5.2 -> 6.2; 1024 x 4096 3.1 -> 3.6, 2.9 -> 3.8: with one block per SM the
     next launch's blocks cannot come in early (PDL), and a short launch is mostly ramp. In decode
-    (S12-12, a 70B-class llama with IQ3_S FFN, 8 layers, B=1): 566-572 tok/s with it, 491-540
+    (a 70B-class llama with IQ3_S FFN, 8 layers, B=1): 566-572 tok/s with it, 491-540
     without."""
     if type_id not in WIDE_TYPES or matrix_bytes < WIDE_MIN_BYTES or not _wide_ok():
         return False
@@ -424,8 +424,8 @@ def _wide_shape(rows: int, group: int, most_warps: int) -> tuple[int, int, int]:
     in groups of 4 over 132 x 16 warps: 4 rounds, 85% of the slots busy); of most_warps down to
     half as many warps per block, the count that keeps the most slots busy is taken (14 there:
     97%), the most warps where several come within 2%. Fewer warps hide less latency (57344 x
-    8192 IQ3_S at 14 warps, 97% busy: 80 us against 16's 69.6, S11-6), and more than 16 cost the
-    compiler registers (20 or 22: 74-81 us, S11-7): IQ3_S stays at 16."""
+    8192 IQ3_S at 14 warps, 97% busy: 80 us against 16's 69.6), and more than 16 cost the
+    compiler registers (20 or 22: 74-81 us): IQ3_S stays at 16."""
     sms, groups = _sm_count(), -(-rows // group)
     best = None
     for warps in range(most_warps, most_warps // 2 - 1, -1):
@@ -442,7 +442,7 @@ def _group_rows(rows: int, resident: int, matrix_bytes: int) -> int:
     """Rows a warp works on together at one column: RPW, or 2 where groups of RPW would leave
     over a quarter of the device's warp slots empty on a matrix of at least GROUP2_BYTES (few
     long rows, like an FFN down projection); each warp then takes one group of 2. A row's sum
-    does not depend on it (stream_rows). Measured on the H200 (S10-7, 1 column, us, groups of
+    does not depend on it (stream_rows). Measured on the H200 (1 column, us, groups of
     4 -> 2): 4096 x 14336 Q4_K 14.7 -> 12.9, Q6_K 29.0 -> 18.1, IQ4_NL 20.9 -> 16.4, Q2_0 13.5 ->
     10.6, IQ3_S 25.8 -> 19.3; 4096 x 4096 Q4_K 5.5 -> 4.7, Q6_K 9.3 -> 6.1, IQ3_S 8.6 -> 6.5, but
     Q2_0 (4.7 MB) 4.0 -> 4.1-4.6; 1024 x 4096 (latency-bound, 2-3 MB) Q2_0 2.2 -> 2.3, IQ3_S
@@ -457,14 +457,14 @@ GROUP2_BYTES = 6 << 20
 
 # One column of a type with much decode work per byte runs RPW rows per warp (every row group a
 # warp of its own, past one wave) rather than the one-wave rule: more warps hide the decode's
-# latency. Those are the types below 4.5 bits per weight and the 4-bit lookup types. S6-16
-# (14336 x 4096, twice, against 8 rows per warp): Q2_0 10.5 -> 9.3 us, Q2_K 12.2 -> 11.0, Q3_K
+# latency. Those are the types below 4.5 bits per weight and the 4-bit lookup types.
+# Measured (14336 x 4096, twice, against 8 rows per warp): Q2_0 10.5 -> 9.3 us, Q2_K 12.2 -> 11.0, Q3_K
 # 18.5 -> 16.4, IQ3_S 19.3 -> 17.8, IQ3_XXS 17.9 -> 16.0, IQ2_XS 17.2 -> 16.3, MXFP4 18.0 -> 16.7,
-# IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and (S6-15) Q8_0 19.0 -> 21.6.
+# IQ4_NL 18.0 -> 17.35; but Q4_0 12.3 -> 12.7, Q4_K 12.7 -> 12.9 and Q8_0 19.0 -> 21.6.
 # Where decode graphs launch with PDL (sm_90+, launch.enabled()), every quantized type takes RPW
-# at one column (Q6_K too: S10-6, 16.2 against 18.4 us at 14336 x 4096): the one-wave rule left
+# at one column (Q6_K too: 16.2 against 18.4 us at 14336 x 4096): the one-wave rule left
 # slots that the next launch's blocks filled early, their prefetches competing with the running
-# kernel (S10-9, us, rule -> RPW: 57344 x 8192 Q4_0 72.2
+# kernel (us, rule -> RPW: 57344 x 8192 Q4_0 72.2
 # -> 65.2, Q4_1 78.8 -> 71.2, Q5_1 98.9 -> 86.6, Q8_0 134.0 -> 122.0, Q4_K 72.4 -> 65.3, Q5_K
 # 90.8 -> 81.4, 97-99% of copy; 14336 x 4096 Q8_0 23.3 -> 19.7, Q5_0 14.4 -> 13.7, Q5_K 14.5
 # -> 13.9, the rest equal). Without PDL (GPUs before sm_90) the measurements above stand.

@@ -243,7 +243,7 @@ __device__ __forceinline__ u32 pow3(int n) { return __byte_perm(0x1B090301u, 0x5
 // TQ1_0: qs[48] (a 32-byte run of 5 base-3 digits per byte, then a 16-byte run of 5), qh[4]
 // (4 digits per byte), half d at 52. A chunk is two halves of 16 weights, each 4 words and a
 // digit; branch-free, since the lanes of a warp decode different chunks (branches ran both
-// sides: 6% of copy bandwidth, S8-6):
+// sides: 6% of copy bandwidth):
 //   sub < 5    half h: bytes 16h .. 16h + 15 of the 32-byte run, digit sub
 //   sub 5, 6   half h: the 16-byte run, digit 2 (sub - 5) + h
 //   sub 7      half 0: the 16-byte run, digit 4; half 1: word i = qh, digit i
@@ -424,8 +424,8 @@ __device__ __forceinline__ u32 grid_word(const u32* tab, u32 i) {
 // The codebook word of the index in 16-bit half H of x (two indices side by side, formed by one
 // prmt). On the device dp2a forms its shared address, index * 4 * TSTRIDE + the table's, on the
 // multiply-add pipe: a prmt per index (grid_word) runs on the integer pipe, which LOP3, PRMT and
-// SHF keep as busy as the issue slots in IQ3_S (ncu, S12-10). 4 fewer of those per chunk and
-// row: 57344 x 8192 69.2 -> 66.5-66.8 us (S12-13). (4 * TSTRIDE fits dp2a's byte up to 32.)
+// SHF keep as busy as the issue slots in IQ3_S (ncu). 4 fewer of those per chunk and
+// row: 57344 x 8192 69.2 -> 66.5-66.8 us. (4 * TSTRIDE fits dp2a's byte up to 32.)
 template <int TSTRIDE, int H>
 __device__ __forceinline__ u32 grid_word_at(const u32* tab, u32 x) {
 #ifdef __CUDA_ARCH__
@@ -510,7 +510,7 @@ TYPE_HEAD_X(21, 256, 110, 0, false, 512, GRID_IQ3S_W, WEIGHT_ORDER) {
     // The 9th bits as bytes beside the low bytes (byte n of hi[h] = bit 4h + n of qh): one
     // prmt then forms two whole 9-bit indices as 16-bit halves, [low byte n, its 9th bit, low
     // byte n + 1, its 9th bit], and grid_word_at takes each to its address (S10: shifting and
-    // masking qh per index took 4 instructions; S12-13: a prmt per index, 2).
+    // masking qh per index took 4 instructions;: a prmt per index, 2).
     const u32 hi[2] = {spread4(qh & 15), spread4(qh >> 4)};
 #pragma unroll
     for (int l = 0; l < 4; ++l) {

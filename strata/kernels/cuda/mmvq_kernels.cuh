@@ -18,7 +18,7 @@
 #define IN_FLIGHT 3072
 #endif
 #ifndef TILE_MAX  // bytes of one row's tile: rounds are doubled (up to CPL_MAX) while they fit.
-#define TILE_MAX 1408  // S6-5: Q4_1's 1280-byte doubled round measured 5% faster than single;
+#define TILE_MAX 1408  //: Q4_1's 1280-byte doubled round measured 5% faster than single;
 #endif                 // 4 chunks per lane (CPL_MAX 4) measured slower on Q2_0 / Q2_K
 #ifndef SIGN_RAW  // up to this many columns the sign types decode RAW (stream_rows)
 #define SIGN_RAW 1
@@ -233,8 +233,8 @@ __device__ __forceinline__ void warp_sum(float (&acc)[NC]) {
 // random lookups per 32 weights) are kept in Banks<T, NC>::N = 8 interleaved copies, word i of copy
 // c at i * 8 + c, and lane l reads copy l % 8: its lookups then fall in banks 8 (i % 4) + l % 8,
 // so only the 4 lanes of a copy can collide (2-3 wavefronts per lookup instead of ~3.5 for 32
-// lanes over one copy; ncu S8-7: 58% of IQ3_S's shared wavefronts were such conflicts).
-// Up to 4 columns (decode windows, S8-11: +5%); the wider kernels, the grouped MoE one among
+// lanes over one copy; ncu: 58% of IQ3_S's shared wavefronts were such conflicts).
+// Up to 4 columns (decode windows,: +5%); the wider kernels, the grouped MoE one among
 // them, sit at their 128-register cap and keep one copy (not measured with more).
 // WIDE (mmvq_wide below): a copy per lane, so no lookup conflicts at all.
 template <class T, int NC, bool WIDE = false> struct Banks {
@@ -269,12 +269,12 @@ __device__ __forceinline__ void load_table(u32* tab) {
 //
 // A16: every row starts on a 16-byte boundary (row_bytes % 16 == 0, w 16-aligned): when a tile
 // is a multiple of 16 bytes, the copies need no alignment arithmetic and each row's tile starts
-// at a known offset of its stage (S8-4: 5-10% fewer instructions on Q2_0, Q4_K, IQ4_NL).
+// at a known offset of its stage (5-10% fewer instructions on Q2_0, Q4_K, IQ4_NL).
 // Lane l takes chunks l, l + 32, l + 64 ... of every row, in order, whatever the tile
 // geometry: a row's sum (and its bits) depends on the type alone. Addresses are kept
 // incrementally (row pointers set once per row group, advanced a tile at a time; stage
 // indices counted, not divided): S6's per-item recomputation cost ~12 instructions per chunk
-// and row on Q2_0 (SASS, S8-2).
+// and row on Q2_0 (SASS).
 template <class T, int NC, bool A16 = false, int R = RPW, bool WIDE = false, bool LEAN = false>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, int r1, int row_bytes, int k,
                                             const i8* __restrict__ q8, const QMeta* __restrict__ meta,
@@ -358,7 +358,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, int r0, in
     int cvalid = group_rows(0);
     // Few columns: the item's activation blocks are loaded before the wait for its tiles, so
     // their latency (L1/L2) hides behind it; loaded after the decode they were the largest stall
-    // (ncu, S6-11: 38% of a warp's cycles waiting on L1TEX at 1 column). S6-12: Q4_1 +5%, Q4_K
+    // (ncu,: 38% of a warp's cycles waiting on L1TEX at 1 column).: Q4_1 +5%, Q4_K
     // +2%, Q6_K / Q8_0 +3-4% at 2 columns; the 4-bit lookup types lost 3% (their lookups hold
     // more registers), so they keep loading after the decode. More columns would not fit.
     constexpr bool PRE = NC <= 2 && !LUT16<T::ID>::YES;
@@ -469,7 +469,7 @@ __device__ __forceinline__ int2 warp_rows(int bx, int rows_per_warp, int rows, i
 // arithmetic is the same whatever the grid, so results do not depend on the window's width).
 // Many-column instances are held to 128 registers (WIDE_MIN_BLOCKS blocks per SM): left alone,
 // the compiler took 168 on several types once their decode got cheaper, and the lost occupancy
-// cost 5-10% at 4 and 8 columns (S6-6, S6-7). The IQ grid types at 5-8 columns keep their
+// cost 5-10% at 4 and 8 columns. The IQ grid types at 5-8 columns keep their
 // registers: held to 128 they spill (IQ3_S 172 bytes at 8) and measured 1-3% slower.
 #ifndef WIDE_MIN_BLOCKS
 #define WIDE_MIN_BLOCKS 4
@@ -485,8 +485,8 @@ template <int ID, int NC> struct MinBlocks {
 // (Geometry) and the registers held for LEAN_MIN_BLOCKS blocks per SM. Q4_K then keeps 7 blocks
 // (28 warps) resident per SM instead of 5 (its registers and 38 KB of tiles per block), and 14336
 // rows in groups of 4 (3584 warps) run in one wave instead of 1.36: 11.0 -> 10.5 us, IQ4_NL 14.6
-// -> 13.6 (S12-8). With 2 stages instead of the 3 that IN_FLIGHT gives (19 KB of tiles a block,
-// one item in flight before the PDL wait): 10.6 -> 9.8 us and 13.7 -> 12.2 (S15-2, S15-3), and
+// -> 13.6. With 2 stages instead of the 3 that IN_FLIGHT gives (19 KB of tiles a block,
+// one item in flight before the PDL wait): 10.6 -> 9.8 us and 13.7 -> 12.2, and
 // IQ3_S fits one wave too (31 KB, 64 registers). On more rows the default's larger tiles win
 // (57344 x 8192: Q4_K 64.3 -> 65.9).
 #ifndef LEAN_MIN_BLOCKS
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(WARPS * 32, LEAN ? LEAN_MIN_BLOCKS : MinBlocks
 // One column of an IQ3 type (IQ3_XXS, IQ3_S) with its codebook in 32 copies, one per lane
 // (Banks<T, 1, true>): every lookup a single shared-memory wavefront. With 8 copies a lookup
 // takes 2-3 (the 4 lanes of a copy collide), and the shared pipe, not the instruction count,
-// bound these types (S11-1: 14 fewer instructions per chunk and row gained 1%). The copies
+// bound these types (14 fewer instructions per chunk and row gained 1%). The copies
 // take 64 KB (IQ3_S), so the kernel runs up to WideWarps warps per block (blockDim: mmvq.py
 // picks how many) on WIDE_SMEM_MAX bytes of dynamic shared memory (one block per SM, as many
 // warps as 4 blocks of mmvq's 46 KB had) and is used only where a block may have that much

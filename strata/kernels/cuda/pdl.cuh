@@ -17,7 +17,7 @@ __device__ __forceinline__ void allow_dependents() {
 }
 // p for the loads that must follow wait_prior_grids(): the compiler takes loads of const
 // __restrict__ data for invariant and may hoist them above any barrier (it moved an expert id
-// load above the wait, S9-3), but not above the instruction that produces their address. The
+// load above the wait), but not above the instruction that produces their address. The
 // two asm statements are volatile, so this one stays after the wait.
 template <class T>
 __device__ __forceinline__ T* after_wait(T* p) {
@@ -26,10 +26,10 @@ __device__ __forceinline__ T* after_wait(T* p) {
 }
 // Those loads are ordinary (weak) global loads: griddepcontrol.wait makes the earlier kernels'
 // writes visible to them, and they may be cached in L1, which the activations need (read by
-// every warp of an SM: from L2 only, __ldcg, the mat-vecs took 1.6-2x as long, S9-5). Never
+// every warp of an SM: from L2 only, __ldcg, the mat-vecs took 1.6-2x as long). Never
 // the read-only path (__ldg, ld.global.nc): it requires data that stays unchanged while the
 // kernel lives, and a kernel launched early lives while the one before it writes. Read through
-// it, expert ids came back stale on the H200 (S9-4: graph replays with NaN rows).
+// it, expert ids came back stale on the H200 (graph replays with NaN rows).
 __device__ __forceinline__ int4 ld_global(const int4* p) {
     int4 v;
     asm("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
