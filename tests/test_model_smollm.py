@@ -12,14 +12,13 @@ import json
 import numpy as np
 import pytest
 
-from strata.defaults import default_model_path
 from strata.model.transformer import Span
 from tests.support.model_fixtures import (
-    MIX_Q2_0_NAME, chat_ids, engine, load_engine, log_softmax, logits_of, reference, run, shared_file,
+    MIX_Q2_0_NAME, chat_ids, default_model_or_skip, engine, load_engine, log_softmax, logits_of, reference, run, shared_file,
 )
 from tests.support import reference_model
 
-MODEL = str(default_model_path())
+MODEL = str(default_model_or_skip())
 NEAR_TIE = 0.3  # top-2 log-prob gap under which two exact-enough engines may pick differently
 
 

@@ -6,10 +6,9 @@ the test model's real tokenizer.
 
 from __future__ import annotations
 
-import pytest
 
 from strata.batch.output import TextOutput
-from strata.defaults import default_model_path
+from tests.support.model_fixtures import default_model_or_skip
 
 
 def feed_all(pieces: list[bytes], stop: list[str]) -> tuple[list[str], TextOutput]:
@@ -85,7 +84,7 @@ def test_real_tokenizer_stream_equals_decoding_and_cuts_at_stop():
     from strata.gguf.reader import GGUFFile
     from strata.text.tokenizer import Tokenizer
 
-    with GGUFFile(default_model_path()) as f:
+    with GGUFFile(default_model_or_skip()) as f:
         tok = Tokenizer.from_metadata(f.metadata)
     text = "Déjà vu: naïve café 🙂 costs 5€. The END is near."
     ids = tok.encode(text, add_special=False)

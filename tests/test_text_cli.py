@@ -47,9 +47,7 @@ def test_special_tokens_parsed_unless_no_special():
 
 
 def test_explicit_pack_and_bad_pack():
-    from strata.defaults import default_model_path
-
-    done = strata("--pack", str(default_model_path()), "--json", "")
+    done = strata("--pack", str(default_model_or_skip()), "--json", "")
     assert done.returncode == 0 and json.loads(done.stdout) == {"ids": []}
     done = strata("--pack", "/nonexistent/model.gguf", "x")
     assert done.returncode == 2

@@ -33,11 +33,9 @@ def reference(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def metadata() -> dict:
-    default_model_or_skip()
-    from strata.defaults import default_model_path
     from strata.gguf.reader import GGUFFile
 
-    with GGUFFile(default_model_path()) as f:
+    with GGUFFile(default_model_or_skip()) as f:
         return dict(f.metadata)
 
 

