@@ -1,18 +1,21 @@
 """End to end: `strata serve` supervising a real engine child: the engine killed mid-stream
-and while requests wait, an engine that refuses to start, SIGTERM and SIGKILL of the server."""
+and while requests wait, a pack that cannot start (refused before any engine), SIGTERM and
+SIGKILL of the server."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import httpx
 import pytest
 
 from strata.server.supervisor import DIED_MESSAGE, SHUTDOWN_MESSAGE, WAITED_MESSAGE
-from support.server_proc import metric, pid_alive, start_serve, wait_until
+from support.server_proc import ROOT, metric, pid_alive, start_serve, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
@@ -132,20 +135,12 @@ def test_sigkill_of_the_server_takes_the_engine_down(tmp_path):
 
 
 def test_an_engine_that_refuses_to_start(tmp_path):
+    # a user error stops strata serve at once, one line and exit 2, before any engine starts
+    # (restarts of an engine that had served keep the back-off: tests/test_cli_user_errors.py)
     missing = tmp_path / "no-such-pack"
-    p = start_serve(tmp_path, {"args": ["--pack", str(missing)]})
-    try:
-        r = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
-        assert r.status_code == 503
-        err = r.json()["error"]
-        assert f"pack {missing}: no such file or directory" in err["message"]
-        assert err["code"] == "engine_start_failed"
-        # at once again: no new start (back-off), the same reason
-        r2 = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
-        assert r2.status_code == 503 and "no such file or directory" in r2.json()["error"]["message"]
-        assert "next attempt in" in r2.json()["error"]["message"]
-        assert metric(p.url, "strata_server_engine_starts_total") == 1
-        assert httpx.get(p.url + "/health").status_code == 503
-        assert p.stop(signal.SIGTERM) == 0
-    finally:
-        p.kill_tree()
+    cfg = tmp_path / "serve.json"
+    cfg.write_text(json.dumps({"args": ["--pack", str(missing)]}))
+    done = subprocess.run([sys.executable, "-m", "strata.cli.main", "serve", "--config", str(cfg), "--port", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"strata: {cfg}: args: pack {missing}: no such file or directory"]

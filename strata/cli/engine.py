@@ -13,14 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_namespace(args: argparse.Namespace) -> EngineOptions:
-    """EngineOptions with `given_flags` recovered from the values that differ from the defaults
-    (the dispatcher parsed the flags; start-up warnings need to know which were given)."""
-    defaults = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(defaults)
-    default_ns = defaults.parse_args([])
-    given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
-             if hasattr(default_ns, k) and getattr(default_ns, k) != v]
-    return EngineOptions.from_namespace(args, given)
+    """EngineOptions with `given_flags` as the parser recorded them: a flag given with its
+    default value (`--spec 0`) counts as given (start-up warnings and the MTP default need it)."""
+    return EngineOptions.from_namespace(args)
 
 
 def run(args: argparse.Namespace) -> int:

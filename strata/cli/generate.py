@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from strata.engine.options import EngineOptions, add_engine_arguments
+from strata.engine.options import EngineOptions, add_engine_arguments, bounded
 from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import EXIT_DEVICE_LOST
 
@@ -32,11 +32,12 @@ def add_arguments(p) -> None:
     g.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     g.add_argument("--system", default=None, help="a system message")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
+    # the ranges of the HTTP API's fields of the same names (strata.engine.sampling_bounds)
+    g.add_argument("--max-tokens", type=bounded("max_tokens"), default=128, help="tokens to generate at most (>= 1)")
+    g.add_argument("--temperature", type=bounded("temperature"), default=0.0, help="0 (greedy) to 2")
+    g.add_argument("--top-k", type=bounded("top_k"), default=0, help="sample among the K likeliest tokens (0: off)")
+    g.add_argument("--top-p", type=bounded("top_p"), default=1.0, help="nucleus sampling, (0, 1]")
+    g.add_argument("--min-p", type=bounded("min_p"), default=0.0, help="drop tokens under P x the top probability, [0, 1]")
     g.add_argument("--seed", type=_seed, default=None, help="sampling seed in [0, 2**64); -1: random (as llama.cpp)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -46,9 +47,7 @@ def run(args) -> int:
     from strata.engine.core import EngineCore
     from strata.errors import StrataError
 
-    if args.max_tokens <= 0:
-        raise StrataError("--max-tokens must be > 0")
-    opts = EngineOptions.from_namespace(args, sys.argv[1:])
+    opts = EngineOptions.from_namespace(args)
     t0 = time.perf_counter()
     core = EngineCore.load(opts)
     t_load = time.perf_counter() - t0

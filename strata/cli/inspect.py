@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from strata.errors import StrataError
 from strata.pack.loader import open_pack
 from strata.pack.summary import group_by_role, group_by_type, metadata_summary
 
@@ -66,6 +67,10 @@ def _print_text(pack, show_tensors: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pack is None and args.native is None:
+        # (open_pack's own line names --pack, the engine's flag; inspect takes the pack as its argument)
+        raise StrataError("strata inspect: name the pack to inspect: strata inspect DIR|FILE.gguf "
+                          "(or --native FILE for a pack's main shard)")
     pack = open_pack(pack=args.pack, native=args.native, ple_gguf=args.ple_gguf or None)
     if args.json:
         print(json.dumps(_report(pack), indent=1))

@@ -1,6 +1,8 @@
 """`strata probe [engine flags] [--json]`: the start-up capability probe, printed in full.
 
-Opens the pack (and the MTP draft: --mtp FILE|DIR, else nextn tensors in the pack), builds the
+Opens the pack (and the MTP draft: --mtp FILE|DIR, else nextn tensors in the pack, else a shipped
+draft made for the pack, with the --spec the engine would default to: strata.mtp.defaults.plan_mtp
+decides for both), builds the
 native kernel table for the chosen backend (--device; minus --no-native types) and shows, for
 every tensor role x type, whether each path that uses it (decode / verify / draft) runs on a
 native kernel, the generic dequantize+matmul path, or cannot run; then the batch-MTP decision
@@ -33,9 +35,9 @@ def _free_device_bytes(backend: str) -> int | None:
         return None
 
 
-def open_model(opts: EngineOptions):
-    """(pack, draft source or None) as the engine opens them."""
-    from strata.mtp.draft import find_draft
+def open_model(opts: EngineOptions, backend: str):
+    """(pack, draft source or None, options with the MTP defaults) as the engine opens them."""
+    from strata.mtp.defaults import plan_mtp
     from strata.pack.loader import open_pack
 
     pack_arg = opts.pack
@@ -44,14 +46,15 @@ def open_model(opts: EngineOptions):
 
         pack_arg = str(default_model_path())
     pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
-    return pack, find_draft(opts.mtp, pack)
+    plan = plan_mtp(opts, pack, backend)  # the engine core's own decision (strata.engine.core)
+    return pack, plan.find_draft(pack), plan.opts
 
 
 def run(args: argparse.Namespace) -> int:
     opts = EngineOptions.from_namespace(args)
     backend = resolve_backend(opts.device)
     table = table_for_backend(backend, opts.no_native_types())
-    pack, draft = open_model(opts)
+    pack, draft, opts = open_model(opts, backend)
     try:
         rep = run_probe(tensor_map(pack.tensors), tensor_map(draft.tensors) if draft else None, opts,
                         backend, table, free_bytes=_free_device_bytes(backend))

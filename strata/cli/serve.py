@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Host names served (overrides the config's allowed_hosts; '*': any)")
     parser.add_argument("--allowed-origins", type=name_list, metavar="O1,O2",
                         help="web origins allowed besides loopback pages (overrides allowed_origins; '*': any)")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="no access-log line per request (overrides the config's access_log)")
 
 
 def _warn(line: str) -> None:
@@ -25,9 +27,11 @@ def _warn(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from strata.server.config import load_config, with_overrides
+    from strata.server.config import check_engine_start, load_config, with_overrides
     from strata.server.supervisor import run_server
 
     cfg = with_overrides(load_config(args.config, warn=_warn), host=args.host, port=args.port,
-                         allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins)
+                         allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
+                         access_log=False if args.no_access_log else None)
+    check_engine_start(cfg, args.config)  # a missing pack or a bad flag: one line, before any engine starts
     return run_server(cfg)

@@ -1,4 +1,4 @@
-"""`strata tokenize [engine flags] TEXT [--json] [--no-special] [--add-special]`: token ids of TEXT.
+"""`strata tokenize [--pack P] [--native F] [--ple-gguf F] TEXT [--json] [--no-special] [--add-special]`: token ids of TEXT.
 
 Only the pack's metadata is read (no weights are touched), so this is quick even for big
 models. Without --pack the bundled SmolLM2-135M-Instruct is used. TEXT '-' reads stdin.
@@ -11,13 +11,13 @@ import json
 import sys
 
 from strata.defaults import default_model_path
-from strata.engine.options import add_engine_arguments
+from strata.engine.options import add_pack_arguments
 from strata.pack.loader import open_pack
 from strata.text.tokenizer import Tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser, serving=False)
+    add_pack_arguments(parser)  # only the model's files: no engine runs, so no other engine flag means anything
     parser.add_argument("text", metavar="TEXT", help="text to tokenize ('-' reads standard input)")
     parser.add_argument("--json", action="store_true", help='print {"ids": [...]}')
     parser.add_argument("--no-special", action="store_true",

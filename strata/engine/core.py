@@ -6,7 +6,6 @@ Front ends (the HTTP API, `strata generate`) talk to it through strata.engine.pr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import sys
 import time
@@ -20,7 +19,7 @@ from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
 from strata.model.transformer import Transformer
-from strata.mtp.draft import DraftModel, find_draft
+from strata.mtp.draft import DraftModel
 from strata.mtp.proposer import DraftProposer
 
 MiB = 1024 * 1024
@@ -120,28 +119,23 @@ class EngineCore:
         for w in opts.warnings():
             log(w)
         pack_arg = opts.pack
-        mtp_arg = opts.mtp
-        auto_mtp = False  # MTP turned on by DEFAULT_SPEC (not for seeded sampled requests), not by the user
         backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads, log=log)
         self.backend = backend
         if pack_arg is None and opts.native is None:
-            from strata.mtp.defaults import default_draft_path, default_spec
-
             pack_arg = str(default_model_path())
-            auto = default_spec(backend.name, opts.given_flags) if default_draft_path() else None
-            if auto is not None:  # MTP by default where DEFAULT_SPEC says it pays
-                spec, min_p = auto
-                opts = dataclasses.replace(opts, spec=spec, spec_min_p=opts.spec_min_p if min_p is None else min_p)
-                self.opts = opts
-                auto_mtp = True
-                log(f"strata mtp: default model on {backend.name}: MTP on with the shipped draft, except for "
-                    f"sampled requests with a seed (--spec {opts.spec} --spec-min-p {opts.spec_min_p}; --spec K "
-                    f"drafts for those too, --spec 0 turns it off)")
-            if mtp_arg is None and opts.spec > 0:  # the default model comes with a trained draft
-                shipped = default_draft_path()
-                mtp_arg = str(shipped) if shipped is not None else None
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
         self.pack = pack
+        # MTP defaults: the draft to load and --spec, decided as `strata probe` decides them
+        # (a pack a shipped draft was made for, found by its fingerprint whatever its path)
+        from strata.mtp.defaults import plan_mtp
+
+        plan = plan_mtp(opts, pack, backend.name)
+        opts = plan.opts
+        auto_mtp = plan.auto  # MTP turned on by DEFAULT_SPEC (not for seeded sampled requests), not by the user
+        self.opts = opts
+        note = plan.note(backend.name)
+        if note is not None:
+            log(note)
         md = pack.metadata
         cfg = pack.model_config()  # the metadata key table and every tensor shape, checked once
         self.cfg = cfg
@@ -160,9 +154,10 @@ class EngineCore:
         self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
 
         draft = None
-        src = find_draft(mtp_arg, pack)
+        src = plan.find_draft(pack)
         if opts.spec > 0 and src is None:
-            log("strata mtp: --spec given but no draft (no --mtp and no nextn tensors in the pack); MTP is off")
+            log("strata mtp: --spec given but no draft (no --mtp, no nextn tensors in the pack, and no shipped "
+                "draft made for it); MTP is off")
         if src is not None and opts.spec > 0:
             mark, missed = backend.upload_mark(), None
             try:

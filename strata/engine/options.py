@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from strata.engine.sampling_bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
 
 # flag -> why it has no effect in this build (said once at start-up when the flag is given)
@@ -93,13 +94,69 @@ def _probability(value: str) -> float:
     return p
 
 
-def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) -> None:
-    """Add every engine flag to parser p (used by several commands)."""
-    g = p.add_argument_group("engine")
+# The namespace attribute that lists the engine flags given on the command line, in order (each
+# flag's first spelling: --model-name is --alias). Recorded by the parser itself, so every
+# command knows them from its namespace alone: telling `--spec 0` given from the default 0
+# decides whether the default model's MTP default applies (strata.mtp.defaults).
+GIVEN = "given_engine_flags"
+
+
+def _note_given(ns: argparse.Namespace, action: argparse.Action) -> None:
+    setattr(ns, GIVEN, (*getattr(ns, GIVEN, ()), action.option_strings[0]))
+
+
+class _Store(argparse.Action):
+    def __call__(self, parser, ns, values, option_string=None):
+        setattr(ns, self.dest, values)
+        _note_given(ns, self)
+
+
+class _StoreTrue(argparse.Action):
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs=0, const=True, default=default, required=required, help=help)
+
+    def __call__(self, parser, ns, values, option_string=None):
+        setattr(ns, self.dest, True)
+        _note_given(ns, self)
+
+
+class _Append(argparse.Action):
+    def __call__(self, parser, ns, values, option_string=None):
+        setattr(ns, self.dest, [*(getattr(ns, self.dest, None) or []), values])
+        _note_given(ns, self)
+
+
+# argparse action name -> the same action, recording that the flag was given
+_RECORDING = {"store": _Store, "store_true": _StoreTrue, "append": _Append}
+
+
+class _Flags:
+    """An argument group whose flags record themselves in the namespace's GIVEN."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def add_argument(self, *names, action: str = "store", **kw):
+        return self.group.add_argument(*names, action=_RECORDING[action], **kw)
+
+
+def add_pack_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that name the model's files (all `strata tokenize` needs)."""
+    _add_pack_flags(_Flags(p.add_argument_group("model")))
+
+
+def _add_pack_flags(g: _Flags) -> None:
     g.add_argument("--pack", help="pack directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     g.add_argument("--native", help="main shard of the pack (relative to --pack DIR)")
     g.add_argument("--ple-gguf", action="append", default=[], help="extra shard whose tensors join the pack")
-    g.add_argument("--mtp", help="MTP draft (file or directory); default: nextn tensors in the pack, if any")
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) -> None:
+    """Add every engine flag to parser p (used by several commands)."""
+    g = _Flags(p.add_argument_group("engine"))
+    _add_pack_flags(g)
+    g.add_argument("--mtp", help="MTP draft (file or directory); default: nextn tensors in the pack, else a "
+                                 "shipped draft made for the pack, if any")
     g.add_argument("--spec", type=_non_negative_int, default=0, help="draft up to K tokens per window (0: no MTP)")
     g.add_argument("--spec-min-p", type=_probability, default=0.0, help="stop drafting when the draft's top probability is under P")
     g.add_argument("--batch-mtp", action="store_true", help="every slot verifies its own MTP proposal inside the batched window")
@@ -117,7 +174,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     if serving:
         g.add_argument("--host", default="127.0.0.1")
         g.add_argument("--port", type=_non_negative_int, default=8080)
-        g.add_argument("--alias", "--model-name", dest="alias", default=None, help="model name served on /v1/models")
+        g.add_argument("--alias", "--model-name", dest="alias", default=None,
+                       help="model id served on /v1/models (default: the pack's file name without .gguf)")
         g.add_argument("--api-key", default=None, help="require this bearer key")
         g.add_argument("--max-queued", type=_non_negative_int, default=64,
                        help="requests that may wait for a slot; more get HTTP 429")
@@ -130,6 +188,25 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
         # generous: a window of a large model on a CPU can take seconds
         g.add_argument("--watchdog-s", type=_positive_seconds, default=120.0, metavar="S",
                        help="/health answers 503 (and strata serve restarts the engine) when one window runs longer")
+        g.add_argument("--no-access-log", action="store_true",
+                       help="no access-log line per request (method, route, status, tokens, time)")
+
+
+def bounded(name: str):
+    """argparse type: a value in SAMPLING_BOUNDS[name], the range the HTTP API takes for the same
+    field (`strata generate --top-p 5` is refused as a request's top_p 5 is)."""
+    bound = SAMPLING_BOUNDS[name]
+
+    def parse(value: str):
+        try:
+            v = int(value) if bound.whole else float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {bound.describe()}, got {value!r}") from None
+        if not bound.holds(v):
+            raise argparse.ArgumentTypeError(f"expected {bound.describe()}, got {value!r}")
+        return v
+
+    return parse
 
 
 @dataclass
@@ -160,13 +237,17 @@ class EngineOptions:
     allowed_hosts: list[str] | None = None
     allowed_origins: list[str] = field(default_factory=list)
     watchdog_s: float = 120.0
+    no_access_log: bool = False
     given_flags: tuple[str, ...] = ()
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace, argv: list[str] | None = None) -> "EngineOptions":
         known = {f for f in cls.__dataclass_fields__ if f != "given_flags"}
         values = {k: v for k, v in vars(ns).items() if k in known}
-        given = tuple(a.split("=", 1)[0] for a in (argv or []) if a.startswith("--"))
+        if argv is None:  # the flags the parser recorded (add_engine_arguments)
+            given = tuple(getattr(ns, GIVEN, ()))
+        else:
+            given = tuple(a.split("=", 1)[0] for a in argv if a.startswith("--"))
         return cls(**values, given_flags=given)
 
     def prefill_chunk(self) -> int:
@@ -195,5 +276,4 @@ class EngineOptions:
 def parse_engine_args(argv: list[str], *, serving: bool = True, prog: str = "strata engine") -> EngineOptions:
     p = _Parser(prog=prog, add_help=True, allow_abbrev=False)
     add_engine_arguments(p, serving=serving)
-    ns = p.parse_args(argv)
-    return EngineOptions.from_namespace(ns, argv)
+    return EngineOptions.from_namespace(p.parse_args(argv))

@@ -11,10 +11,14 @@ makes the API ready.
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -35,6 +39,117 @@ from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletio
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
 
 
+# ---------------------------------------------------------------- the served model id
+
+# file stems that name no model (`model-00001-of-00003.gguf`, `ggml-model-q4_0.gguf`'s split sets):
+# such a pack is served under its general.name, slugged, as a directory pack is
+GENERIC_STEMS = frozenset({"model", "ggml-model", "consolidated", "pytorch_model"})
+_NOT_IN_SLUG = re.compile(r"[^a-z0-9._-]+")
+
+
+def slug(name: str) -> str:
+    """'Smollm2 135M 8k Lc100K Mix1 Ep2' -> 'smollm2-135m-8k-lc100k-mix1-ep2': lower case,
+    spaces to '-', only [a-z0-9._-]."""
+    return _NOT_IN_SLUG.sub("", "-".join(name.lower().split())).strip("-.")
+
+
+def model_id_of(pack: Any, named_dir: bool) -> str:
+    """The id a pack is served under without --alias: the file stem the user named
+    (`SmolLM2-135M-Instruct.Q4_1`; a split set's stem without `-0000i-of-0000N`), else (a
+    directory, a generic stem) its general.name slugged, else the file stem, else 'strata'."""
+    from strata.pack.loader import SHARD_NAME
+
+    name = pack.main.path.name
+    m = SHARD_NAME.match(name)
+    stem = m["stem"] if m else (name[:-5] if name.lower().endswith(".gguf") else Path(name).stem)
+    if not named_dir and stem and stem.lower() not in GENERIC_STEMS:
+        return stem
+    general = pack.metadata.get("general.name")
+    return (slug(general) if isinstance(general, str) else "") or stem or "strata"
+
+
+def _served_names(core: Any) -> tuple[str, frozenset[str]]:
+    """(the served id, every name a request may give for it). A core without a pack (the tests'
+    scripted ones) is served under its model_name."""
+    pack, opts = getattr(core, "pack", None), getattr(core, "opts", None)
+    if pack is None or opts is None:
+        return core.model_name, frozenset({core.model_name})
+    from strata.pack.loader import user_path
+
+    named_dir = opts.pack is not None and opts.native is None and user_path(opts.pack).is_dir()
+    served = model_id_of(pack, named_dir)
+    general = pack.metadata.get("general.name")
+    # general.name as is: the id clients were given before ids were file stems
+    return served, frozenset({served} | ({general} if isinstance(general, str) and general else set()))
+
+
+# ---------------------------------------------------------------- the access log
+
+ACCESS_KEY = "strata.access"  # the ASGI scope's AccessRecord, filled in by the routes
+# `strata serve` asks its engine child for a stream's usage in a comment after `data: [DONE]`
+# (the proxy strips it; clients never see it), so every stream's line has exact token counts
+USAGE_TRAILER_HEADER = "x-strata-usage-trailer"
+USAGE_TRAILER = re.compile(rb": strata-usage (\d+) (\d+)\n\n")
+MAX_LOGGED_PATH = 200
+
+
+@dataclass
+class AccessRecord:
+    """Token counts of one request, when the route knows them (the engine's usage)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    def set(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens, self.completion_tokens = int(prompt_tokens), int(completion_tokens)
+
+
+def usage_trailer(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return b": strata-usage %d %d\n\n" % (prompt_tokens, completion_tokens)
+
+
+def access_line(prefix: str, method: str, path: str, status: int, rec: AccessRecord, ms: float) -> str:
+    """'strata serve: POST /v1/completions 200 in=5 out=16 41 ms' ('-': not known). The path is
+    the client's: re-quoted (no control character or space reaches the log) and bounded."""
+    shown = quote(path, safe="/:@!$&'()*+,;=-._~%")
+    if len(shown) > MAX_LOGGED_PATH:
+        shown = shown[:MAX_LOGGED_PATH] + "..."
+    count = lambda n: "-" if n is None else str(n)  # noqa: E731
+    return (f"{prefix}: {quote(method[:16], safe='')} {shown} {status} in={count(rec.prompt_tokens)} "
+            f"out={count(rec.completion_tokens)} {ms:.0f} ms")
+
+
+class AccessLog:
+    """ASGI middleware, outermost: one line per HTTP request once its answer has been sent (a
+    stream's when it ends), with the status sent (500 when none was; 499: the client left first)."""
+
+    def __init__(self, app, log: Callable[[str], None], prefix: str):
+        self.app, self.log, self.prefix = app, log, prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rec = scope[ACCESS_KEY] = AccessRecord()
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.log(access_line(self.prefix, scope.get("method", "?"), scope.get("path", ""), status, rec,
+                                 1000 * (time.perf_counter() - t0)))
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 # ---------------------------------------------------------------- one request being served
 
 @dataclass
@@ -52,6 +167,8 @@ class _Job:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
     text_chunk: Callable[[str], bytes] | None = None  # the stream's text-only chunk (sse.Template)
+    access: AccessRecord | None = None  # the access log's record of this request
+    usage_trailer: bool = False  # end the stream with usage_trailer() after [DONE] (strata serve asked)
 
 
 def _usage(fin: FinishEvent) -> dict[str, int]:
@@ -65,10 +182,13 @@ class EngineAPI:
     def __init__(self, *, model_name: str | None = None, api_key: str | None = None,
                  max_request_bytes: int = 16 * 1024 * 1024, max_queued: int | None = None,
                  log: Callable[[str], None] | None = None, edge: EdgePolicy | None = None,
-                 body_timeout: float = BODY_TIMEOUT_S):
+                 body_timeout: float = BODY_TIMEOUT_S, access_log: bool = False, usage_trailer: bool = False):
         self.core: Any = None
         self.failure: str | None = None
         self._model_name = model_name
+        self._served: tuple[str, frozenset[str]] | None = None  # (id, accepted names), from the core
+        self.access_log = access_log
+        self.usage_trailer = usage_trailer  # honour USAGE_TRAILER_HEADER (an engine strata serve started)
         self.api_key = api_key
         # Host / Origin / key policy of every route (the key: the user's, or the secret of an
         # engine that `strata serve` started)
@@ -88,13 +208,21 @@ class EngineAPI:
     # ------------------------------------------------------------ life cycle
     def attach(self, core: Any) -> None:
         self.limits = PromptLimits.of_core(core)  # before self.core: no request sees one without the other
+        self._served = _served_names(core)
         self.core = core
 
     @property
     def model_name(self) -> str:
+        """The served id: --alias, else the pack's file stem (model_id_of)."""
         if self._model_name:
             return self._model_name
-        return self.core.model_name if self.core is not None else "strata"
+        return self._served[0] if self._served is not None else "strata"
+
+    def check_model(self, requested: str | None) -> None:
+        """404 unless the request names this model: its id or the pack's general.name (or none)."""
+        names = {self.model_name} | (self._served[1] if self._served is not None else set())
+        if requested and requested not in names:
+            check_model_name(requested, self.model_name)
 
     def begin_drain(self, grace_s: float) -> None:
         """Refuse new requests now; end the ones still running when the grace period ends."""
@@ -186,8 +314,10 @@ class EngineAPI:
         return out
 
     # ------------------------------------------------------------ responses
-    def _outcome(self, endpoint: str, fin: FinishEvent) -> None:
+    def _outcome(self, endpoint: str, fin: FinishEvent, job: _Job) -> None:
         self.metrics.finished(endpoint, fin.reason, fin.prompt_tokens, fin.completion_tokens)
+        if job.access is not None:
+            job.access.set(fin.prompt_tokens, fin.completion_tokens)
 
     def _ended_error(self, fin: FinishEvent) -> APIError | None:
         """The error to report for a generation that did not end normally."""
@@ -217,7 +347,7 @@ class EngineAPI:
             self.live.discard(job.handle)
             if fin is None:
                 job.handle.cancel()
-        self._outcome(endpoint, fin)
+        self._outcome(endpoint, fin, job)
         err = self._ended_error(fin)
         if err is not None:
             raise err
@@ -301,10 +431,11 @@ class EngineAPI:
 
     def _final_chunks(self, job: _Job, endpoint: str, fin: FinishEvent, pending_lp: list[TokenEvent]) -> bytes:
         """What ends a stream: the held-back text, the finish reason, the usage, [DONE] (or an error)."""
-        self._outcome(endpoint, fin)
+        self._outcome(endpoint, fin, job)
+        trailer = usage_trailer(fin.prompt_tokens, fin.completion_tokens) if job.usage_trailer else b""
         err = self._ended_error(fin)
         if err is not None:
-            return sse.error_and_done(err.message, err.type, err.code)
+            return sse.error_and_done(err.message, err.type, err.code) + trailer
         out = []
         if fin.text_tail or pending_lp:
             out.append(self._chunk(job, fin.text_tail, None, pending_lp))
@@ -316,6 +447,7 @@ class EngineAPI:
                          "usage": _usage(fin)}
             out.append(sse.event(usage_obj))
         out.append(sse.DONE)
+        out.append(trailer)
         return b"".join(out)
 
     def _release_job(self, job: _Job):
@@ -330,13 +462,15 @@ class EngineAPI:
         raw = await read_body(request, self.max_request_bytes, self.body_timeout)
         req = await self.preparer.run(len(raw), parse_request, model_cls, raw)
         core = self._ready_core()
-        check_model_name(req.model, self.model_name)
+        self.check_model(req.model)
         try:
             ids, echo_text = await self.preparer.run(len(raw), self._prompt_ids, core, req)
             job = self._submit(core, req, "chat" if model_cls is ChatCompletionRequest else "completion", ids, echo_text)
         except APIError as e:
             self.metrics.finished(endpoint, "rejected")
             raise e
+        job.access = request.scope.get(ACCESS_KEY)
+        job.usage_trailer = self.usage_trailer and request.headers.get(USAGE_TRAILER_HEADER) == "1"
         self.live.add(job.handle)
         if req.stream:
             return ClosingStreamingResponse(self._stream(job, endpoint), self._release_job(job),
@@ -348,6 +482,8 @@ class EngineAPI:
         app = FastAPI(title="strata engine", docs_url=None, redoc_url=None, openapi_url=None)
         install_error_handlers(app, self.log)
         app.add_middleware(EdgeMiddleware, policy=self.edge)
+        if self.access_log:  # added last: outermost, so refusals at the edge are logged too
+            app.add_middleware(AccessLog, log=self.log or _stderr, prefix="strata engine")
 
         @app.get("/health")
         async def health():
@@ -379,7 +515,7 @@ class EngineAPI:
         async def model(model_id: str, request: Request):
             check_api_key(request, self.api_key)
             self._ready_core()
-            check_model_name(model_id, self.model_name)
+            self.check_model(model_id)
             return self._model_card()
 
         @app.post("/v1/chat/completions")

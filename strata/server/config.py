@@ -129,6 +129,7 @@ class ServerConfig(BaseModel):
     # None: loopback names when bound to loopback, else any (docs/SERVER.md, strata.server.edge)
     allowed_hosts: list[str] | None = None
     allowed_origins: list[str] = Field(default_factory=list)
+    access_log: bool = True  # one line per request (strata serve --no-access-log: False)
 
     def engine_parallel(self) -> int:
         if self.parallel is not None:
@@ -138,7 +139,7 @@ class ServerConfig(BaseModel):
 
 KNOWN_KEYS = {"host", "port", "parallel", "args", "model", "alias", "model_name", "api_key", "max_queued",
               "request_timeout", "startup_timeout", "shutdown_timeout", "max_request_bytes", "body_timeout",
-              "allowed_hosts", "allowed_origins"}
+              "allowed_hosts", "allowed_origins", "access_log"}
 
 
 def _describe(e: dict) -> str:
@@ -185,6 +186,10 @@ def config_from_dict(data: Any, source: str = "config", base_dir: Path | None = 
         opts = parse_engine_args(list(cfg.args))
     except StrataError as e:
         raise StrataError(f"{source}: args: {e.message}") from None
+    if cfg.parallel is not None and "--parallel" in opts.given_flags and opts.parallel != cfg.parallel:
+        # the engine would get both, and the later one (the key's) would win without a word
+        raise StrataError(f"{source}: parallel: {cfg.parallel} disagrees with args' --parallel {opts.parallel}; "
+                          f"give one of them")
     for flag in SERVE_OWNED_FLAGS:
         if flag in opts.given_flags and warn is not None:
             warn(f"strata: warning: {source}: args: {flag} is set by strata serve; use the config key instead")
@@ -216,3 +221,30 @@ def with_overrides(cfg: ServerConfig, source: str = "command line", **overrides:
         return ServerConfig.model_validate(cfg.model_dump() | given)
     except ValidationError as e:
         raise StrataError(f"{source}: {_describe(e.errors(include_url=False)[0])}") from None
+
+
+def check_engine_start(cfg: ServerConfig, source: str | None = None) -> None:
+    """What the engine would refuse at start-up and the server can check before it starts one,
+    with the engine's own code: the flags of `args`, the pack (its files, headers, metadata
+    table and tensor shapes; no tensor data is read) and an --mtp draft. A StrataError naming
+    the config's `args` (source: the config file) comes at once instead of an engine child's
+    exit 2 after a spawn. What needs the device (memory, kernels) is left to the engine."""
+    from strata.defaults import default_model_path
+    from strata.mtp.draft import find_draft
+    from strata.pack.loader import open_pack
+
+    where = f"{source}: args: " if source else ""
+    try:
+        opts = parse_engine_args(list(cfg.args))
+        pack_arg = opts.pack
+        if pack_arg is None and opts.native is None:
+            pack_arg = str(default_model_path())
+        pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
+        try:
+            pack.model_config()
+            if opts.mtp is not None:
+                find_draft(opts.mtp, pack)
+        finally:
+            pack.close()
+    except StrataError as e:
+        raise StrataError(f"{where}{e.message}") from None

@@ -30,6 +30,13 @@ ENV_PARENT_PID = "STRATA_PARENT_PID"
 # engine around the server's API key, queue bound and timeouts.
 ENV_ENGINE_SECRET = "STRATA_ENGINE_SECRET"
 ENGINE_DRAIN_S = 30.0
+# The exit code of a supervised engine whose port (picked by `strata serve`) was taken before it
+# could bind: the server's race, not the user's error (exit 2), so the server does not stop for it
+EXIT_PORT_TAKEN = 75  # EX_TEMPFAIL
+
+
+class PortTaken(StrataError):
+    exit_code = EXIT_PORT_TAKEN
 
 
 def log_stderr(line: str) -> None:
@@ -110,8 +117,10 @@ def load_core(opts: EngineOptions, log: Callable[[str], None]):
 def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loader=load_core) -> int:
     """Serve the API on opts.host:opts.port; `loader(opts, log)` builds the core (on a thread)."""
     watch_parent(log)  # (start-up warnings for flags are printed by the core's loader)
+    supervised = ENV_ENGINE_SECRET in os.environ  # (read before _key_and_edge pops it)
     api = EngineAPI(model_name=opts.alias, log=log, max_queued=getattr(opts, "max_queued", None),
-                    body_timeout=opts.body_timeout, **_key_and_edge(opts))
+                    body_timeout=opts.body_timeout, access_log=not opts.no_access_log,
+                    usage_trailer=supervised, **_key_and_edge(opts))
     app = api.app
     failure: list[BaseException] = []
     loaded: dict = {}
@@ -139,7 +148,12 @@ def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loa
             await loop.run_in_executor(None, core.stop)
 
     app.router.lifespan_context = lifespan
-    sock = bind(opts.host, opts.port)
+    try:
+        sock = bind(opts.host, opts.port)
+    except StrataError as e:
+        if supervised:
+            raise PortTaken(e.message) from None
+        raise
     host, port = sock.getsockname()[:2]
     log(f"strata engine: listening on http://{host}:{port} (loading the model)")
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from strata.engine.protocol import SamplingParams
+from strata.engine.sampling_bounds import SAMPLING_BOUNDS
 from strata.server.errors import APIError, invalid
 from strata.server.strict_json import parse_json_object  # noqa: F401 - the routes' body parser
 
@@ -27,8 +28,6 @@ MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_MESSAGES = 4096
 MAX_PROMPT_IDS = 1 << 21  # more than any context; a longer prompt is refused before it is copied
-MAX_TOKENS = 1 << 30  # engine contexts are capped at 2**30 tokens
-MAX_TOP_K = 1 << 31
 MAX_NAME_CHARS = 256  # model, user, name
 SEED_RANDOM = -1  # llama-server's "pick a random seed"
 SEED_LIMIT = 1 << 64  # numpy takes any seed in [0, 2**64) the same way on every platform
@@ -90,7 +89,16 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+def _bounded(kind: type, name: str):
+    """A field type in the range SAMPLING_BOUNDS gives `name` (shared with `strata generate`)."""
+    return Annotated[kind, Field(**SAMPLING_BOUNDS[name].field())]
+
+
+MaxTokens = _bounded(int, "max_tokens")
+Temperature = _bounded(float, "temperature")
+TopP = _bounded(float, "top_p")
+TopK = _bounded(int, "top_k")
+MinP = _bounded(float, "min_p")
 
 
 class _Sampling(_Strict):
@@ -101,11 +109,11 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     stop: Union[Annotated[str, Field(max_length=MAX_STOP_CHARS)],
                 list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], None] = None
-    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=0, le=MAX_TOP_K)] = 0
-    min_p: Probability = 0.0
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
     seed: int | None = None
     n: int = 1
     frequency_penalty: float = 0.0
@@ -151,7 +159,7 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
-    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[Any] | None = None

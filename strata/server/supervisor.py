@@ -2,9 +2,12 @@
 
 Life cycle of the engine child:
 - started when the server starts; /health is 503 until the child's /health says ok;
-- a child that exits before it is ready (bad pack, bad flag: exit 2 with `strata: <reason>`)
-  makes requests fail with 503 and that reason; the next start waits out a growing back-off
-  (1 s, 2 s, 4 s ... 60 s), so a broken config never spins;
+- the first child exiting with code 2 before it is ready is a user error (bad pack, bad flag:
+  the child's `strata: <reason>` line): the server stops with that line and exit code 2, since
+  no restart can mend it (most such errors are caught before the spawn: config.check_engine_start);
+- any other child that exits before it is ready (a crash while loading, startup_timeout, or a
+  user error on a restart after an engine had served) makes requests fail with 503 and that
+  reason; the next start waits out a growing back-off (1 s, 2 s, 4 s ... 60 s), so nothing spins;
 - a child that dies while serving: requests it was running end with 503 ("stopped
   unexpectedly"), requests queued here end with 503 ("was not sent"); the next request
   starts a new child;
@@ -37,16 +40,18 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from strata.errors import StrataError
 from strata.server import sse
 from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, check_api_key, first_of, install_error_handlers, read_body,
                                   wait_for_disconnect)
 from strata.server.config import ServerConfig
 from strata.server.edge import EdgeMiddleware, EdgePolicy
+from strata.server.app import ACCESS_KEY, USAGE_TRAILER, USAGE_TRAILER_HEADER, AccessLog, AccessRecord
 from strata.server.engine_process import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
 from strata.server.errors import APIError, invalid
 from strata.server.metrics import CONTENT_TYPE, ServerMetrics
 from strata.server.schemas import REQUEST_MODELS, parse_request
-from strata.server.serving import bind, serve
+from strata.server.serving import bind, request_exit, serve
 from strata.server.upstream import UpstreamReader
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits after the 1st, 2nd, ... failed start
@@ -59,6 +64,9 @@ WATCH_POLL_S = 1.0
 WATCH_ANSWER_S = 2.0
 WATCH_MISSES = 3
 EXIT_SETTLE_S = 5.0  # after a broken upstream connection, how long to wait for the exit code
+USER_ERROR_EXIT = 2  # a child's exit code for a StrataError: its last `strata: <reason>` line says what
+# the usage of a non-streamed answer: the engine writes it last, compact (JSONResponse)
+BODY_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+),"completion_tokens":(\d+)')
 
 DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); the next request restarts it"
 WAITED_MESSAGE = "the engine stopped while this request waited; it was not sent; the next request restarts it"
@@ -221,13 +229,17 @@ class Supervisor:
         self.client: httpx.AsyncClient | None = None
         self._lock = asyncio.Lock()
         self._starts = 0
+        self.ever_ready = False  # some engine child became ready: later start failures are retried
+        self.fatal: StrataError | None = None  # the first engine's user error: the server stops with it
+        self.on_fatal: Callable[[], None] = lambda: None  # stops the server (run_server sets it)
         # the key of every engine child (strata.server.engine_process.ENV_ENGINE_SECRET);
         # the client below sends it on every call to the child
         self.engine_secret = secrets.token_urlsafe(32)
 
     def engine_argv(self, port: int) -> list[str]:
+        # --no-access-log: this server writes the one line per request (with the engine's usage)
         argv = [*self.command, *self.cfg.args, "--parallel", str(self.parallel),
-                "--host", "127.0.0.1", "--port", str(port)]
+                "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
         if self.cfg.model:
             argv += ["--alias", self.cfg.model]
         return argv
@@ -267,6 +279,7 @@ class Supervisor:
                 r = await self.client.get(child.url + "/health", timeout=2.0)
                 if r.status_code == 200:
                     child.is_ready = True
+                    self.ever_ready = True
                     self.failures = 0
                     self.metrics.engine_up.set(1)
                     child.ready.set_result(child)
@@ -280,7 +293,10 @@ class Supervisor:
             await self._until_unhealthy(child)
         await child.exited.wait()
         self.metrics.engine_up.set(0)
-        if not child.ready.done():
+        if not child.ready.done() and child.exit_code == USER_ERROR_EXIT and not self.ever_ready \
+                and not self.drain.draining:
+            self._user_error(child, f"the engine could not start: {_start_failure_reason(child)}")
+        elif not child.ready.done():
             why = _start_failure_reason(child)
             self._start_failed(child, f"the engine could not start: {why}")
         elif child.unhealthy is not None:
@@ -329,6 +345,17 @@ class Supervisor:
         self.last_failure = message
         self.log(f"strata serve: {message} (next attempt in {wait:g} s at the earliest)")
         child.ready.set_exception(EngineUnavailable(message, code="engine_start_failed"))
+
+    def _user_error(self, child: EngineChild, message: str) -> None:
+        """The first engine refused what it was given (exit 2): no restart can mend that, so the
+        server stops, and run_server raises `message` (one line, exit code 2)."""
+        self.metrics.engine_exits.labels("start_failure").inc()
+        self.last_failure = message
+        self.retry_at = float("inf")  # no request starts another while the server stops
+        self.fatal = StrataError(message)
+        child.ready.set_exception(EngineUnavailable(message, code="engine_start_failed"))
+        self.drain.begin(0.0)
+        self.on_fatal()
 
     async def stop(self) -> None:
         child = self.child
@@ -465,8 +492,11 @@ class ServeApp:
             deadline = self._deadline()
             child = await self._ready_child(deadline, gone)
             lease = await self._acquire(child, deadline, gone)
-            upstream = sup.client.build_request("POST", child.url + path, content=raw,
-                                                headers={"content-type": "application/json"})
+            rec: AccessRecord | None = request.scope.get(ACCESS_KEY)
+            headers = {"content-type": "application/json"}
+            if rec is not None:  # the engine then ends a stream with its usage, for the access log
+                headers[USAGE_TRAILER_HEADER] = "1"
+            upstream = sup.client.build_request("POST", child.url + path, content=raw, headers=headers)
             try:
                 outcome, resp = await first_of(sup.client.send(upstream, stream=True),
                                                {"gone": gone, "shutdown": sup.drain.expired}, self._left(deadline))
@@ -477,7 +507,7 @@ class ServeApp:
                 watcher.cancel()  # from here Starlette watches for the disconnect
                 handed_over = True
                 cleanup = self._relay_cleanup(resp, lease)
-                return ClosingStreamingResponse(self._relay(resp, child, deadline, cleanup), cleanup,
+                return ClosingStreamingResponse(self._relay(resp, child, deadline, cleanup, rec), cleanup,
                                                 media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
             try:
                 outcome, body = await first_of(resp.aread(), {"gone": gone, "shutdown": sup.drain.expired},
@@ -487,6 +517,8 @@ class ServeApp:
             finally:
                 await resp.aclose()
             self._raise_outcome(outcome)
+            if rec is not None and (m := _last_match(BODY_USAGE, body)) is not None:
+                rec.set(int(m[1]), int(m[2]))
             sup.metrics.requests.labels("ok" if resp.status_code < 400 else f"http_{resp.status_code}").inc()
             return Response(body, status_code=resp.status_code,
                             media_type=resp.headers.get("content-type", "application/json"))
@@ -527,12 +559,15 @@ class ServeApp:
             await resp.aclose()  # closing the upstream makes the engine cancel the generation
         return cleanup
 
-    async def _relay(self, resp: httpx.Response, child: EngineChild, deadline, cleanup) -> AsyncIterator[bytes]:
+    async def _relay(self, resp: httpx.Response, child: EngineChild, deadline, cleanup,
+                     rec: AccessRecord | None = None) -> AsyncIterator[bytes]:
         """Pass the engine's SSE bytes through as they come, unparsed (what arrived since the last
         write goes out as one chunk); if the engine dies or time runs out, end the stream with an
-        error event and [DONE]."""
+        error event and [DONE]. What the engine sends after its [DONE] (the usage trailer this
+        proxy asked for: app.usage_trailer) is kept back and read into `rec`."""
         sup = self.sup
         at_boundary = True  # the bytes sent so far end between two events
+        done_tail = _DoneSplitter()
         outcome_label = "ok"
         reader = UpstreamReader(resp.aiter_raw())
         # one watcher and one timer for the whole stream, not a race per chunk
@@ -544,10 +579,15 @@ class ServeApp:
             while True:
                 what, value = await reader.next()
                 if what == "data":
-                    at_boundary = value.endswith(b"\n\n")
-                    yield value
+                    value = done_tail.feed(value)
+                    if value:
+                        at_boundary = value.endswith(b"\n\n")
+                        yield value
                     continue
                 if what == "end":
+                    m = USAGE_TRAILER.search(done_tail.after or b"")
+                    if rec is not None and m is not None:
+                        rec.set(int(m[1]), int(m[2]))
                     break
                 if what == "error":
                     if not isinstance(value, httpx.TransportError):
@@ -597,6 +637,8 @@ class ServeApp:
         app.add_middleware(EdgeMiddleware, policy=EdgePolicy.for_bind(
             self.cfg.host, api_key=self.cfg.api_key, allowed_hosts=self.cfg.allowed_hosts,
             allowed_origins=self.cfg.allowed_origins))
+        if self.cfg.access_log:  # added last: outermost, so refusals at the edge are logged too
+            app.add_middleware(AccessLog, log=sup.log, prefix="strata serve")
 
         @app.get("/health")
         async def health():
@@ -649,6 +691,38 @@ def model_path(model_id: str) -> str:
     return "/v1/models/" + quote(model_id, safe="")
 
 
+def _last_match(pattern: re.Pattern, body: bytes) -> re.Match | None:
+    """The pattern's last match in body (a JSON answer's usage comes last; an answer's text
+    cannot imitate it: the quotes inside JSON strings are escaped)."""
+    found = None
+    for found in pattern.finditer(body):
+        pass
+    return found
+
+
+class _DoneSplitter:
+    """Splits a relayed SSE stream at the end of its `data: [DONE]` event, wherever the reads
+    cut it: feed() returns the bytes for the client, and what follows [DONE] collects in
+    `after`. (An event's JSON holds no raw newline, so only the real end matches.)"""
+
+    def __init__(self):
+        self.tail = b""  # the last bytes passed on, fewer than the marker's length
+        self.after: bytes | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        if self.after is not None:
+            self.after += data
+            return b""
+        window = self.tail + data
+        at = window.find(sse.DONE)
+        if at < 0:
+            self.tail = window[-(len(sse.DONE) - 1):]
+            return data
+        cut = at + len(sse.DONE) - len(self.tail)  # > 0: the marker was not all in the tail
+        self.after = data[cut:]
+        return data[:cut]
+
+
 class _ClientGone(Exception):
     """The client disconnected before its answer began."""
 
@@ -659,12 +733,17 @@ async def _set_when_gone(request: Request, gone: asyncio.Event) -> None:
 
 
 def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, command: list[str] | None = None) -> int:
+    """Serve until a signal (exit 0), or until the first engine refuses its pack or flags: then
+    that one line as a StrataError (exit 2)."""
     sup = Supervisor(cfg, log, command)
     app = ServeApp(sup).app
+    sup.on_fatal = lambda: request_exit(app)
     sock = bind(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
     log(f"strata serve: listening on http://{host}:{port} ({sup.parallel} slot(s), queue bound {cfg.max_queued})")
 
     serve(app, sock, on_signal=lambda: sup.drain.begin(cfg.shutdown_timeout), graceful_timeout_s=cfg.shutdown_timeout + 5)
+    if sup.fatal is not None:
+        raise sup.fatal
     log("strata serve: stopped")
     return 0

@@ -26,9 +26,14 @@ def tensor_name(role: str) -> str:
 
 def write_draft(path: str | Path, weights: dict[str, np.ndarray], *, target_arch: str, n_embd: int,
                 name: str = "MTP draft", extra_metadata: dict[str, str] | None = None,
-                matrix_type: str = "Q8_0", vocab: np.ndarray | None = None) -> Path:
+                matrix_type: str = "Q8_0", vocab: np.ndarray | None = None,
+                target_fingerprint: str | None = None) -> Path:
     """weights: role -> float32 array, matrices (out, in) as torch/numpy hold them; vocab: the
-    draft's vocabulary (ascending token ids, `mtp.vocab`) or None."""
+    draft's vocabulary (ascending token ids, `mtp.vocab`) or None; target_fingerprint: the
+    target's (strata.mtp.defaults.target_fingerprint), by which a draft shipped in
+    strata/mtp/data/ is found for its model whatever the model's path."""
+    from strata.mtp.defaults import FINGERPRINT_KEY
+
     w = GGUFWriter(path)
     w.add_metadata("general.architecture", MTP_ARCH, V.STRING)
     w.add_metadata("general.name", name, V.STRING)
@@ -36,6 +41,8 @@ def write_draft(path: str | Path, weights: dict[str, np.ndarray], *, target_arch
     w.add_metadata(f"{MTP_ARCH}.embedding_length", int(n_embd), V.UINT32)
     for key, value in (extra_metadata or {}).items():
         w.add_metadata(f"{MTP_ARCH}.{key}", str(value), V.STRING)
+    if target_fingerprint is not None:
+        w.add_metadata(FINGERPRINT_KEY, target_fingerprint, V.STRING)
     order = list(TOP_LEVEL[:3]) + [r for r in weights if r not in TOP_LEVEL] + ["output_norm"]
     for role in order:
         a = np.ascontiguousarray(weights[role], dtype=np.float32)

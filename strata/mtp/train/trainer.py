@@ -590,8 +590,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
         extra["vocabulary"] = (f"the {vocab.size} tokens the target wrote most in the training text "
                                f"({100 * coverage(counts, vocab):.1f}% of it)")
         log(f"strata mtp train: draft vocabulary: {extra['vocabulary']}")
+    from strata.mtp.defaults import target_fingerprint
+
     out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
-                      name=f"{mc.name} MTP draft", extra_metadata=extra, vocab=vocab)
+                      name=f"{mc.name} MTP draft", extra_metadata=extra, vocab=vocab,
+                      target_fingerprint=target_fingerprint(core.pack))
     log(f"strata mtp train: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {how}")
     if cfg.measure:
         from strata.mtp.train.measure import load_core, run_prompts

@@ -52,14 +52,19 @@ def coverage(counts: np.ndarray, ids: np.ndarray) -> float:
 VOCAB_NOTE_KEY = "strata-mtp.vocabulary"  # how the vocabulary was chosen (free text)
 
 
-def with_vocab(draft: str | Path, ids: np.ndarray, out: str | Path, note: str | None = None) -> Path:
+def with_vocab(draft: str | Path, ids: np.ndarray, out: str | Path, note: str | None = None,
+               target_fingerprint: str | None = None) -> Path:
     """A copy of a draft GGUF with `mtp.vocab` set to ids (any earlier vocabulary replaced) and,
-    given a note, how it was chosen."""
+    given a note, how it was chosen; given the target's fingerprint, that too (FINGERPRINT_KEY)."""
+    from strata.mtp.defaults import FINGERPRINT_KEY
+
     src = GGUFFile(draft)
     try:
         metadata, types = dict(src.metadata), dict(src.metadata_types)
         if note is not None:
             metadata[VOCAB_NOTE_KEY], types[VOCAB_NOTE_KEY] = note, V.STRING
+        if target_fingerprint is not None:
+            metadata[FINGERPRINT_KEY], types[FINGERPRINT_KEY] = target_fingerprint, V.STRING
         # copies: `out` may be `draft` itself
         tensors = [(name, t.ggml_type, t.shape, np.array(t.data())) for name, t in src.tensors.items()
                    if name != VOCAB_TENSOR]
@@ -86,6 +91,8 @@ def vocab_from_answers(args, log=print) -> Path:
     ids = choose_vocab(counts, args.size, getattr(core.tokenizer, "eog_ids", ()) or ())
     how = (f"the {ids.size} tokens the target wrote most in {len(seqs)} answers ({int(counts.sum())} tokens, "
            f"{int((counts > 0).sum())} distinct; {100 * coverage(counts, ids):.1f}% covered), the rest by lowest id")
-    out = with_vocab(args.draft, ids, args.out, note=how)
+    from strata.mtp.defaults import target_fingerprint
+
+    out = with_vocab(args.draft, ids, args.out, note=how, target_fingerprint=target_fingerprint(core.pack))
     log(f"strata mtp vocab: wrote {out}: {how}")
     return out
