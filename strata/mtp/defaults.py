@@ -38,7 +38,9 @@ def target_fingerprint(pack: Any) -> str:
     alone (no tensor data is read; ~10 ms for a 49k-token vocabulary). Another quantization of
     the same model is another fingerprint: its hidden states, which a draft reads, differ."""
     h = hashlib.sha256(FINGERPRINT_VERSION)
-    tokens = pack.metadata.get("tokenizer.ggml.tokens") or []
+    tokens = pack.metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, (list, tuple)):  # not a vocabulary (a broken pack: refused later, in one line)
+        tokens = []
     h.update(struct.pack("<Q", len(tokens)))
     for tok in tokens:  # length-prefixed, so no token text can imitate a boundary
         raw = str(tok).encode("utf-8", "surrogateescape")
