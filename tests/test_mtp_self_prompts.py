@@ -26,6 +26,7 @@ def test_the_prefix_ends_where_the_users_text_begins(core):
     assert "assistant" not in text.split("<|im_start|>user")[-1]
 
 
+@pytest.mark.slow
 def test_the_target_writes_whole_distinct_requests(core):
     logs: list[str] = []
     texts = write_prompts(core.model, core.tokenizer, core.chat, 6, slots=8, seed=11, max_len=48, log=logs.append)
@@ -43,6 +44,7 @@ def test_the_target_writes_whole_distinct_requests(core):
     assert texts[2] not in fewer and fewer[:2] == texts[:2]
 
 
+@pytest.mark.slow
 def test_self_prompts_are_answered_greedily_beside_the_built_ins(core):
     cfg = TrainConfig(pack=None, out="unused", prompts=4, self_prompts=4, max_new=6, slots=8, held_out_per_kind=1,
                       seed=5)
