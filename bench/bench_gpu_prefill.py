@@ -48,7 +48,6 @@ NEVER = 1 << 30
 
 def weight_copies(tid: int, rows: int, k: int, rng) -> list:
     """Device copies of one random valid weight (host rows tiled: fast at real sizes)."""
-    t = type_by_id(tid)
     base = random_blocks(tid, min(rows, 256), k, rng)
     host = np.ascontiguousarray(np.tile(base, (-(-rows // base.shape[0]), 1))[:rows])
     one = cp.asarray(host)
@@ -151,7 +150,7 @@ def main() -> None:
                     results.append(r)
                     print(f"| {name} | {rows}x{k} | {n} | {me:.4f} | {fl / me / 1e9:.2f} | {ge:.4f} | "
                           f"{fl / ge / 1e9:.2f} | {mg:.4f} | {gg:.4f} | {'gemm' if ge < me else 'mmvq'} |", flush=True)
-                del ws
+                ws = None
                 cp.get_default_memory_pool().free_all_blocks()
 
     table = {}
@@ -197,8 +196,8 @@ def main() -> None:
                     nt = -(-rows // p.tile_rows(rows, k))
                     tiles.append(dict(type=name, rows=rows, k=k, n=n, mib=mib, tiles=nt, eager_ms=e, gpu_ms=g))
                     print(f"| {name} | {rows}x{k} | {n} | {mib} | {nt} | {e:.4f} | {g:.4f} |", flush=True)
-                    del p
-            del ws
+                    p = None  # its scratch goes back to the pool
+            ws = None
             cp.get_default_memory_pool().free_all_blocks()
 
     # dequantization alone, large shape, into a preallocated f16 buffer
@@ -214,7 +213,7 @@ def main() -> None:
         gbs = (ws[0].nbytes + o16.nbytes) / (g * 1e-3) / 1e9
         deq[t.name] = g
         print(f"| {t.name} | {g * 1e3:.1f} | {gbs:.0f} |", flush=True)
-        del ws
+        ws = None
         cp.get_default_memory_pool().free_all_blocks()
 
     # host (Python + driver) cost of each piece, small weight: where eager time goes

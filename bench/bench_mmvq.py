@@ -11,7 +11,7 @@ fetching its first weights while the one before it ends, as in decode windows, u
 STRATA_CUDA_PDL=0). Bandwidth = weight bytes / time per launch. The copy reference
 moves a 1 GiB buffer (bytes read + bytes written over time, median of 20). The "read" column:
 a kernel that only reads each type's weight bytes, launched plainly and timed the same way (what
-a plain launch of that size reaches; under PDL more is reachable: bench_launch_ceiling.py).
+a plain launch of that size reaches; under PDL more is reachable: bench/probes/bench_launch_ceiling.py).
 Prints a table.
 """
 
@@ -98,7 +98,7 @@ def time_type(type_id: int, rows: int, k: int, col_counts, rng) -> dict[int, flo
         act = x if type_id in gpu.FLOAT_TYPES else gpu.quantize_q8_1(x)
         out = cp.empty((ncols, rows), dtype=cp.float32)
         result[ncols] = graph_seconds(lambda i: gpu.mmvq(type_id, bufs[i % nbuf], rows, k, act, out=out), stream)
-    del bufs
+    bufs.clear()  # the weight copies go back to the pool before the next type's
     cp.get_default_memory_pool().free_all_blocks()
     return result
 
@@ -107,7 +107,7 @@ def time_type(type_id: int, rows: int, k: int, col_counts, rng) -> dict[int, flo
 # and folds them into a value that is (almost) never written. Timed like the MMVQ kernels
 # (graphs of LAUNCHES, rotating over buffers past the L2), but launched plainly, so each launch
 # pays its ramp and tail; under PDL, as the MMVQ kernels run, a launch of 14336 x 4096's size
-# reaches the copy rate (bench_launch_ceiling.py, S14-2).
+# reaches the copy rate (bench/probes/bench_launch_ceiling.py).
 _READ_SOURCE = r"""
 extern "C" __global__ void read_only(const uint4* __restrict__ p, unsigned long long n16, unsigned* out) {
     unsigned acc = 0;
@@ -136,7 +136,7 @@ def read_only_seconds(nbytes: int) -> float:
     blocks = cp.cuda.Device().attributes["MultiProcessorCount"] * 8  # 2048 threads per SM: full occupancy
     stream = cp.cuda.Stream(non_blocking=True)
     secs = graph_seconds(lambda i: kernel((blocks,), (256,), (bufs[i % nbuf], np.uint64(n16), out)), stream)
-    del bufs
+    bufs.clear()
     cp.get_default_memory_pool().free_all_blocks()
     return secs
 

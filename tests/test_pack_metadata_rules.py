@@ -72,7 +72,7 @@ def test_seed_packs_load(seeds):
         assert load(seed.path).reason in ("length", "stop")  # a random model may stop at once
 
 
-# ------------------------------------------------------------------ the findings, one each
+# ------------------------------------------------------------------ bad metadata that once gave tracebacks, one each
 def test_alignment_as_an_array(bad):
     path = bad("llama", {ALIGNMENT_KEY: ((V.ARRAY, U32), [32, 32])})
     assert refusal(path) == f"{path}: metadata key general.alignment: must be an integer, found an array of UINT32 ([32, 32])"

@@ -22,12 +22,14 @@ def _slots_busy(url: str) -> float:
 
 
 def test_request_timeout_gives_504_and_frees_the_slot(tmp_path):
-    p = start_serve(tmp_path, {"parallel": 1, "request_timeout": 1.5, "args": ["--max-context", "512"]})
+    # 3 s: long enough for the short request below on a loaded 2-core machine, far shorter than
+    # 2000 tokens take anywhere
+    p = start_serve(tmp_path, {"parallel": 1, "request_timeout": 3.0, "args": ["--max-context", "2048"]})
     try:
         p.wait_healthy()
         t0 = time.monotonic()
         r = httpx.post(p.url + "/v1/completions", timeout=60,
-                       json={"prompt": "Write a long story.", "max_tokens": 400, "ignore_eos": True})
+                       json={"prompt": "Write a long story.", "max_tokens": 2000, "ignore_eos": True})
         assert r.status_code == 504, r.text
         assert "request_timeout" in r.json()["error"]["message"]
         assert time.monotonic() - t0 < 30

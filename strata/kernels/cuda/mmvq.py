@@ -323,7 +323,7 @@ def split_columns(type_id: int, rows: int, ncols: int, aligned: bool = False) ->
     (L2-resident) rows again. Taken while all the columns' warps fit on the device in one wave;
     a larger matrix keeps the many-column kernel (each weight byte read once).
 
-    Measured on the H200 (bench/gpu_kernel_profile.py, Q4_1 rows of 576 or 1536 weights): 36
+    Measured on the H200 (bench/probes/gpu_kernel_profile.py, Q4_1 rows of 576 or 1536 weights): 36
     and 60 blocks per column gain (4 columns 3.24 -> 2.41 us, 2.72 -> 2.20), 192 lose a little
     (3.09 -> 3.26): so a column's blocks must cover at most half the SMs. A column's sum is the
     same either way (stream_rows adds columns independently, every rounding spelled out), so

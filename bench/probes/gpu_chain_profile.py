@@ -2,17 +2,17 @@
 CUDA graph, with programmatic dependent launch as the engine captures them, and again with all
 the launches of one kernel left out.
 
-  python bench/gpu_chain_profile.py --pack P [--width B] [--context N] [--replays R]
+  python bench/probes/gpu_chain_profile.py --pack P [--width B] [--context N] [--replays R]
 
-gpu_kernel_profile.py times each launch alone; under PDL a launch's cost in the chain is not
-its time alone (the next kernel's blocks start early, small kernels overlap the tail of big
-ones). Here the cost of kernel X is the replay time of every launch minus that of every launch
-but X's: what the window would save if X's work were free, launch and wait included, so an
-upper bound on what fusing X into a neighbour can gain. Leaving launches out feeds the rest
-stale buffers (the graph reads what the last eager window wrote), which changes no timing of
-these data-independent kernels: the routing still picks valid experts from the last logits.
-Also printed: the graph of the weight-streaming launches only (the MMVQ family): what the
-window would take if every other kernel were free.
+gpu_kernel_profile.py (beside this file) times each launch alone; under PDL a launch's cost in
+the chain is not its time alone (the next kernel's blocks start early, small kernels overlap
+the tail of big ones). Here the cost of kernel X is the replay time of every launch minus that
+of every launch but X's: what the window would save if X's work were free, launch and wait
+included, so an upper bound on what fusing X into a neighbour can gain. Leaving launches out
+feeds the rest stale buffers (the graph reads what the last eager window wrote), which changes
+no timing of these data-independent kernels: the routing still picks valid experts from the
+last logits. Also printed: the graph of the weight-streaming launches only (the MMVQ family):
+what the window would take if every other kernel were free.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import collections
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpu_kernel_profile import graph_time, record_window, relaunch, window_wall  # noqa: E402
 

@@ -2,7 +2,7 @@
 long-prompt GEMM path off/on (STRATA_CUDA_PREFILL=0/1), and for each a cProfile of the host side
 of one window and the GPU time per op (gpu_step_profile.op_profile).
 
-  python bench/gpu_prefill_probe.py --pack P [--tokens 512]
+  python bench/probes/gpu_prefill_probe.py --pack P [--tokens 512]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strata.engine.core import EngineCore  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> int:
         from gpu_step_profile import op_profile
 
         op_profile(m, 1000, None, 3, width=a.tokens, long_prompt=m.b.long_prompt_tokens is not None)
-        del core, m
+        core = m = None  # the model's weights go back to the pool before the next load
         cp.get_default_memory_pool().free_all_blocks()
     return 0
 

@@ -1,7 +1,7 @@
 """When each block of a PDL chain of mat-vec-shaped launches starts, has its bytes, passes its
-wait and ends: the timeline behind bench_launch_ceiling.py's numbers.
+wait and ends: the timeline behind bench/probes/bench_launch_ceiling.py's numbers.
 
-    python3 bench/trace_launch_chain.py [--mb 16.5] [--share 4096] [--work 6]
+    python3 bench/probes/trace_launch_chain.py [--mb 16.5] [--share 4096] [--work 6]
 
 The kernel is bench_launch_ceiling's "tiles" shape (each warp copies its share of the bytes into
 shared memory before the wait, then folds them with `work` rounds of 3 integer instructions per
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: bench_mmvq
 
 import cupy as cp  # noqa: E402
 
@@ -93,7 +94,7 @@ VARIANTS = {"early": (0, False, False), "padded": (1, False, False), "late": (0,
 
 def trace(nbytes: int, share: int, work: int, padded: bool, late: bool, warps: int = 4,
           flag: bool = False) -> np.ndarray:
-    pdl_h = (Path(__file__).resolve().parents[1] / "strata/kernels/cuda/pdl.cuh").read_text()
+    pdl_h = (Path(__file__).resolve().parents[2] / "strata/kernels/cuda/pdl.cuh").read_text()
     fn = cp.RawModule(code=pdl_h + CEILING_SOURCE + _SOURCE, options=("-std=c++17",)).get_function("traced")
     fn.max_dynamic_shared_size_bytes = 200 * 1024
     nbytes = nbytes // 16 * 16

@@ -1,6 +1,6 @@
 """Dump the SASS of MMVQ kernel instances and count their instructions by opcode.
 
-    python3 bench/sass_mmvq.py --out DIR 'mmvq<42, 1>' 'mmvq<21, 1>'
+    python3 bench/probes/sass_mmvq.py --out DIR 'mmvq<42, 1>' 'mmvq<21, 1>'
 
 Compiles Strata's MMVQ source with nvcc (-cubin, the NVRTC options mmvq.py uses) for the GPU
 present, with the named instances instantiated explicitly, and writes DIR/<name>.sass plus a
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.kernels.cuda import mmvq  # noqa: E402
 
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
     # split per function
     funcs = re.split(r"\n\s*Function : ", sass)
-    print(f"| kernel | instructions | top opcodes |\n|---|---:|---|")
+    print("| kernel | instructions | top opcodes |\n|---|---:|---|")
     for f in funcs[1:]:
         name, body = f.split("\n", 1)
         ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)

@@ -1,7 +1,7 @@
 """Where a decode step's time goes on the GPU (B=1): the model window (graph replay or eager),
 the logits head, the host copy + argmax, and the scheduler around them.
 
-  python bench/gpu_step_profile.py --pack P [--steps 64]
+  python bench/probes/gpu_step_profile.py --pack P [--steps 64]
 
 Prints medians over the steps: wall time of forward() (host: the graph launch and input
 copies, or every eager launch), GPU time of the window and of the head (CUDA events), the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402

@@ -1,8 +1,8 @@
-"""Small windows' mat-vecs on the CPU: one mat-vec per row over the whole weight (session 6) vs
+"""Small windows' mat-vecs on the CPU: one mat-vec per row over the whole weight (what the CPU backend does) vs
 the weight walked in column blocks, every row's mat-vec per block (the block read from memory
 once for all rows). Prints ms per call and the ratio to one row, for the test model's shapes.
 
-  python bench/bench_cpu_linear.py [--rows 1,2,3,4] [--blocks 64,128,256,512,1024] [--repeats 30]
+  python bench/probes/bench_cpu_linear.py [--rows 1,2,3,4] [--blocks 64,128,256,512,1024] [--repeats 30]
 
 Also checks that every way gives each row the bits of a lone row's mat-vec.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.backend.cpu import CpuBackend, DenseWeight  # noqa: E402
 

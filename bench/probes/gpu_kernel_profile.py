@@ -1,15 +1,14 @@
 """GPU time of every kernel of a decode window as the CUDA graph runs it.
 
-  python bench/gpu_kernel_profile.py --pack P [--width B] [--context N]
+  python bench/probes/gpu_kernel_profile.py --pack P [--width B] [--context N]
 
 Records the kernel launches of one eager window of B tokens (one per sequence, each sequence
 holding N tokens of context), then times each launch alone: a CUDA graph of 20 back-to-back
 copies of it, replayed, timed with events (the per-launch gap inside a graph is counted, as in
-the real window graph; every launch with PDL, as the engine captures it: until session 16
-the MMVQ launches here went without). Prints one row per kernel name (calls per window,
+the real window graph; every launch with PDL, as the engine captures it). Prints one row per kernel name (calls per window,
 median us per call, us per window, share) and the sum against the whole window replayed as
 one graph. Kernels are found by wrapping the launchers of strata.kernels.cuda.fused and .mmvq.
-bench/gpu_chain_profile.py gives what each kernel costs the chain instead.
+bench/probes/gpu_chain_profile.py gives what each kernel costs the chain instead.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402

@@ -1,6 +1,6 @@
 """Where an MTP decode window's wall time goes on the host (cProfile), against plain decoding.
 
-  python bench/mtp_host_profile.py --pack P [--draft D] [--spec 1] [--device cuda] [--parallel N]
+  python bench/probes/mtp_host_profile.py --pack P [--draft D] [--spec 1] [--device cuda] [--parallel N]
 
 Runs the held-out prompts once untimed (CUDA graphs captured), then once under cProfile for
 plain decoding and for MTP at --spec K (greedy, min-p 0); prints wall time per generated token
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.mtp.defaults import default_draft_path  # noqa: E402
 from strata.mtp.train.measure import chat_ids, load_core, run_prompts  # noqa: E402

@@ -1,6 +1,6 @@
 """GPU time of each kind of window graph in a real MTP run (events around every replay).
 
-  python bench/mtp_window_gpu_time.py --pack P [--draft D] [--parallel N]
+  python bench/probes/mtp_window_gpu_time.py --pack P [--draft D] [--parallel N]
 
 Runs the held-out prompts once to capture the graphs, then again with CUDA events around every
 WindowGraphs.run_fn call (they sit on the graph stream right before and after the replay) and
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import strata.batch.scheduler as scheduler_mod  # noqa: E402
 from strata.mtp.defaults import default_draft_path  # noqa: E402

@@ -1,7 +1,7 @@
 """Launch a few MMVQ kernels once each (1 column, 14336 x 4096 unless --rows / --k) for Nsight
 Compute, through mmvq.mmvq (the launch the engine makes):
 
-    ncu --clock-control none -k regex:_Z4mmvq --section SpeedOfLight ... python3 bench/ncu_mmvq.py Q1_0 Q4_K
+    ncu --clock-control none -k regex:_Z4mmvq --section SpeedOfLight ... python3 bench/probes/ncu_mmvq.py Q1_0 Q4_K
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cupy as cp  # noqa: E402
 

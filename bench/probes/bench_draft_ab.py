@@ -2,7 +2,7 @@
 in turn, ROUNDS times, so a shared machine's drift hits them all alike (bench_mtp.py measures
 plain once, then each setting minutes later). Prints tok/s (median) and the ratio to plain.
 
-  python bench/bench_draft_ab.py --drafts full=strata/mtp/data/smollm2-135m-instruct.mtp.gguf,narrow=/tmp/v.gguf \
+  python bench/probes/bench_draft_ab.py --drafts full=strata/mtp/data/smollm2-135m-instruct.mtp.gguf,narrow=/tmp/v.gguf \
       [--configs 1:0.0,3:0.5] [--rounds 3] [--per-kind 3] [--max-tokens 48] [--device cpu]
 """
 
@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.mtp.train.measure import chat_ids, load_core, run_prompts  # noqa: E402
 from strata.mtp.train.prompts import HELD_OUT  # noqa: E402

@@ -1,6 +1,6 @@
 """What a chain of launches that only read their bytes reaches, with and without PDL.
 
-    python3 bench/bench_launch_ceiling.py [--mb 16.5,25.2,33.0,132.1] [--share 4608]
+    python3 bench/probes/bench_launch_ceiling.py [--mb 16.5,25.2,33.0,132.1] [--share 4608]
 
 bench_mmvq.py's "read" column is a read-only kernel launched plainly: each launch in its graph
 starts when the one before has ended, so every launch pays its ramp and tail. The MMVQ kernels
@@ -26,10 +26,10 @@ them into a value that is (almost) never written:
   r*        (RINGS) each warp streams several pieces through a ring of stages, folding each with
             RING_WORK rounds: fewer warps per launch, so that the next launch can be resident
             and fetching while this one computes; "p" padded so that nothing else fits an SM,
-            "post" fetching only after the wait (session 15: both measured; the overlap loses)
+            "post" fetching only after the wait (both measured slower: the overlap loses)
   s*        (SEQS) a copying warp per block fetches the 4 folding warps' shares piece by piece
             in order, `inflight` pieces in flight, each piece's arrival marked on an mbarrier;
-            the folding warps fold each piece as it lands (session 20: at most ~9% better)
+            the folding warps fold each piece as it lands (measured at most ~9% better)
 
 Prints a table: us per launch and % of a 1 GiB device-to-device copy (read + write).
 """
@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: bench_mmvq
 
 import cupy as cp  # noqa: E402
 
@@ -63,7 +64,7 @@ RINGS = {"r1": (4608, 1, 1, 0, 0), "r2s1": (4608, 2, 1, 0, 0), "r2s2": (2304, 4,
          "r2s1p": (4608, 2, 1, 32768, 0), "r2s2p": (2304, 4, 2, 32768, 0), "r4s2p": (4608, 4, 2, 32768, 0),
          "r1post": (4608, 1, 1, 0, 1), "r1ppost": (4608, 1, 1, 32768, 1)}
 
-# tiles_seq rows (session 20), name: (pieces per warp share, pieces in flight, padded shared
+# tiles_seq rows, name: (pieces per warp share, pieces in flight, padded shared
 # memory per block), each folded with RING_WORK rounds (w6's arithmetic; "s1" is w6's shape
 # through the copying warp)
 SEQS = {"s1": (1, 1, 0), "s2i1": (2, 1, 0), "s4i1": (4, 1, 0), "s4i2": (4, 2, 0), "s8i2": (8, 2, 0), "s8i3": (8, 3, 0),
@@ -175,7 +176,7 @@ __device__ __forceinline__ void ring_body(const u8* __restrict__ p, unsigned pie
     }
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
-// SEQ rows (session 20): a block is 4 folding warps and 1 copying warp. The copying warp
+// SEQ rows: a block is 4 folding warps and 1 copying warp. The copying warp
 // fetches the 4 warps' shares piece by piece in piece order (piece i of every warp, then piece
 // i + 1), with `inflight` pieces in flight, and marks each piece's arrival on an mbarrier; the
 // folding warps wait for the predecessor, then fold each piece as soon as it has landed. When
@@ -251,7 +252,7 @@ extern "C" __global__ void tiles_work2(const u8* p, unsigned share, unsigned lon
 
 
 def _module():
-    pdl_h = (Path(__file__).resolve().parents[1] / "strata/kernels/cuda/pdl.cuh").read_text()
+    pdl_h = (Path(__file__).resolve().parents[2] / "strata/kernels/cuda/pdl.cuh").read_text()
     return cp.RawModule(code=pdl_h + _SOURCE, options=("-std=c++17",))
 
 
