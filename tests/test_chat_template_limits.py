@@ -38,7 +38,7 @@ def refused(source: str, messages=USER, limits: TemplateLimits = TemplateLimits(
         tracemalloc.stop()
 
 
-# --- templates that once hung or escaped as tracebacks-------------------------------------------------------------
+# --- templates that once hung or escaped as tracebacks ---------------------------------------------
 
 def test_nested_range_loops_stop_at_the_time_limit():
     source = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
