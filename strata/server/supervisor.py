@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse, Response
 
 from strata.errors import StrataError
 from strata.server import sse
-from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, check_api_key, first_of, install_error_handlers, read_body,
+from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, first_of, install_error_handlers, read_body,
                                   wait_for_disconnect)
 from strata.server.config import ServerConfig
 from strata.server.edge import EdgeMiddleware, EdgePolicy
@@ -475,7 +475,6 @@ class ServeApp:
 
     async def _admit_and_forward(self, request: Request, path: str) -> Response:
         sup = self.sup
-        check_api_key(request, self.cfg.api_key)
         raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
         req = await self.preparer.run(len(raw), parse_request, REQUEST_MODELS[path], raw)
         sup.drain.refuse_if_draining()
@@ -611,7 +610,6 @@ class ServeApp:
             await cleanup()
 
     async def _proxy_get(self, request: Request, path: str) -> Response:
-        check_api_key(request, self.cfg.api_key)
         self.sup.drain.refuse_if_draining()
         child = await self.sup.ready_child(self._left(self._deadline()))
         try:
@@ -647,7 +645,6 @@ class ServeApp:
 
         @app.get("/metrics")
         async def metrics(request: Request):
-            check_api_key(request, self.cfg.api_key)
             text = sup.metrics.render()
             child = sup.child
             if child is not None and child.alive and child.is_ready:
