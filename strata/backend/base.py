@@ -33,6 +33,7 @@ class RopeParams:
     dim: int  # features rotated per head
     scale: float  # linear position scaling
     neox: bool  # pairs (i, i + dim/2) instead of (2i, 2i + 1)
+    frozen: tuple[int, ...] = ()  # pairs left unrotated (IMRoPE's fourth section for text tokens)
 
 
 def window_positions(spans: Sequence[Any]) -> np.ndarray:
@@ -180,6 +181,8 @@ class Backend(ABC):
             q = self.rms_norm(q, q_norm, eps)
             k = self.rms_norm(k, k_norm, eps)
         kw = dict(base=rope.base, dim=rope.dim, scale=rope.scale, neox=rope.neox)
+        if rope.frozen:
+            kw["frozen"] = rope.frozen
         q = self.rope(q, positions, **kw)
         k = self.rope(k, positions, **kw)
         outs, off = [], 0
@@ -217,10 +220,16 @@ class Backend(ABC):
         xp = self.xp
         return gate / (1.0 + xp.exp(-gate)) * up
 
-    def rope(self, x: Any, positions: Any, *, base: float, dim: int, scale: float, neox: bool) -> Any:
-        """Rotate the first `dim` features of each head. x (n, heads, head_dim), positions (n,)."""
+    def rope(self, x: Any, positions: Any, *, base: float, dim: int, scale: float, neox: bool,
+             frozen: tuple[int, ...] = ()) -> Any:
+        """Rotate the first `dim` features of each head. x (n, heads, head_dim), positions (n,);
+        the pairs in `frozen` stay as they are."""
         half = dim // 2
         cos, sin = self._rope_table(positions, base, dim, scale)
+        if frozen:
+            idx = self.xp.asarray(np.asarray(frozen, np.int64))
+            cos, sin = cos.copy(), sin.copy()
+            cos[..., idx], sin[..., idx] = 1.0, 0.0
         out = x.copy()
         if neox:
             a, b = x[..., :half], x[..., half:dim]
@@ -272,3 +281,63 @@ class Backend(ABC):
         p /= p.sum(axis=-1, keepdims=True)
         out = xp.matmul(p.reshape(n_kv, g * t, L), v)  # (n_kv, g*t, d)
         return out.reshape(n_kv, g, t, d).transpose(2, 0, 1, 3).reshape(t, n_head * d)
+
+    # ---- linear attention (Gated DeltaNet, strata/model/hybrid) ----------------------
+    def sigmoid(self, x: Any) -> Any:
+        return 1.0 / (1.0 + self.xp.exp(-x))
+
+    def softplus(self, x: Any) -> Any:
+        """log(1 + e^x), x itself above 20 (as ggml)."""
+        xp = self.xp
+        return xp.where(x > 20.0, x, xp.log1p(xp.exp(xp.minimum(x, 20.0))))
+
+    def l2_norm(self, x: Any, eps: float) -> Any:
+        """x / sqrt(sum(x^2) + eps) over the last axis."""
+        xp = self.xp
+        return x / xp.sqrt((x * x).sum(axis=-1, keepdims=True) + eps)
+
+    def causal_conv(self, state: Any, x: Any, w: Any, out_state: Any) -> Any:
+        """Depthwise causal conv with SiLU: state (K-1, C) the previous inputs (oldest first),
+        x (t, C) new inputs, w (C, K). Returns silu(y) (t, C), y[i] = sum_j xin[i + j] * w[:, j]
+        over xin = [state; x]; the last K-1 rows of xin go to out_state."""
+        xp = self.xp
+        K = w.shape[1]
+        t = x.shape[0]
+        xin = xp.concatenate([state, x], axis=0)
+        y = xin[0:t] * w[:, 0]
+        for j in range(1, K):
+            y = y + xin[j : j + t] * w[:, j]
+        out_state[...] = xin[t:]
+        return y / (1.0 + xp.exp(-y))
+
+    def gated_delta(self, state: Any, out_state: Any, q: Any, k: Any, v: Any, g: Any, beta: Any,
+                    key_head: Any) -> Any:
+        """The gated delta rule over t tokens of one sequence. state (H, dk, dv) before them (read),
+        out_state where the state after them goes (may be state itself); q, k (t, Hk, dk) l2-normed,
+        v (t, H, dv), g (t, H) log-decay, beta (t, H), key_head (H,) the key head of each value
+        head. Per token: S *= e^g; S += k (beta (v - S^T k))^T; o = S^T q / sqrt(dk). -> o (t, H, dv)."""
+        xp = self.xp
+        t = q.shape[0]
+        scale = 1.0 / float(q.shape[-1]) ** 0.5
+        qh = q[:, key_head] * scale  # (t, H, dk)
+        kh = k[:, key_head]
+        S = state.copy()
+        out = xp.empty(v.shape, dtype=xp.float32)
+        decay = xp.exp(g)
+        for i in range(t):
+            S *= decay[i][:, None, None]
+            kv = xp.matmul(kh[i][:, None, :], S)[:, 0, :]  # (H, dv)
+            d = (v[i] - kv) * beta[i][:, None]
+            S += kh[i][:, :, None] * d[:, None, :]
+            out[i] = xp.matmul(qh[i][:, None, :], S)[:, 0, :]
+        out_state[...] = S
+        return out
+
+    def delta_net_window(self, layer: Any, proj: Any, pool: Any, index: int, table: Any, n_spans: int,
+                         write_out: bool) -> Any:
+        """A whole window of one DeltaNet layer (strata.model.hybrid.layers.DeltaNet) in a few
+        launches, from its input projection's rows and the window table (recurrent_state.py):
+        the gated-norm output (n, value_dim), or None for a replay (write_out False). Returns
+        NotImplemented where the backend has no such kernels (the layer then runs its generic
+        ops per sequence)."""
+        return NotImplemented

@@ -399,13 +399,25 @@ class CudaBackend(Backend):
         y = self._fk.swiglu(gate, up) if self.fused else None
         return y if y is not None else super().swiglu(gate, up)
 
-    def rope(self, x: Any, positions: Any, *, base: float, dim: int, scale: float, neox: bool) -> Any:
-        y = self._fk.rope(x, positions, base=base, dim=dim, scale=scale, neox=neox) if self.fused else None
-        return y if y is not None else super().rope(x, positions, base=base, dim=dim, scale=scale, neox=neox)
+    def rope(self, x: Any, positions: Any, *, base: float, dim: int, scale: float, neox: bool,
+             frozen: tuple[int, ...] = ()) -> Any:
+        y = self._fk.rope(x, positions, base=base, dim=dim, scale=scale, neox=neox) if self.fused and not frozen else None
+        return y if y is not None else super().rope(x, positions, base=base, dim=dim, scale=scale, neox=neox,
+                                                    frozen=frozen)
 
     def attention(self, q: Any, k: Any, v: Any, q_positions: Any) -> Any:
         y = self._fk.attention(q, k, v, q_positions) if self.fused else None
         return y if y is not None else super().attention(q, k, v, q_positions)
+
+    def delta_net_window(self, layer: Any, proj: Any, pool: Any, index: int, table: Any, n_spans: int,
+                         write_out: bool) -> Any:
+        from strata.kernels.cuda import delta_net as dn
+
+        h = layer.h
+        if not self.fused or not dn.supported(h.d_state, h.d_conv):
+            return NotImplemented
+        y = dn.conv_window(proj[:, : h.conv_dim], layer.conv_w, pool.conv, index, table, n_spans)
+        return dn.delta_window(y, proj, layer, pool.ssm, index, table, n_spans, layer.cfg.rms_eps, write_out)
 
     # ---- window ops: the decode path a CUDA graph captures ------------------------------
     def begin_window(self, spans: Sequence[Any]) -> Any:
@@ -487,7 +499,7 @@ class CudaBackend(Backend):
 
     def attend(self, layer: int, q: Any, k: Any, v: Any, spans: Sequence[Any], positions: Any,
                rope: RopeParams, q_norm: Any = None, k_norm: Any = None, eps: float = 0.0) -> Any:
-        if self._win is None:
+        if self._win is None or rope.frozen:  # (the fused kernel rotates every pair)
             return super().attend(layer, q, k, v, spans, positions, rope, q_norm, k_norm, eps)
         fk = self._fk
         int8 = spans[0].cache.kind == "int8"

@@ -82,6 +82,6 @@ class Slot:
         self.next_draft = None
         self.fused_hidden = None
         self.mtp_admitted = False
-        self.cache.length = 0
+        self.cache.reset()
         if self.draft_cache is not None:
-            self.draft_cache.length = 0
+            self.draft_cache.reset()

@@ -23,6 +23,12 @@ SIZE_FLAGS = {
     "head_dim": "head_dim",
     "vocab": "vocab",
     "context": "context",
+    "ssm_state": "ssm_state",
+    "ssm_groups": "ssm_groups",
+    "ssm_heads": "ssm_heads",
+    "shexp_ff": "shexp_ff",
+    "attn_interval": "attn_interval",
+    "nextn": "nextn",
 }
 
 

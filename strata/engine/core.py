@@ -18,7 +18,7 @@ from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_defa
 from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
-from strata.model.transformer import Transformer
+from strata.model.build import build_model
 from strata.mtp.draft import DraftModel
 from strata.mtp.proposer import DraftProposer
 
@@ -106,6 +106,17 @@ class EngineCore:
         self.opts: EngineOptions
         self.scheduler: Scheduler
 
+    def _recurrent_state_line(self, opts: EngineOptions, log: Callable[[str], None]) -> None:
+        """A hybrid model's sequences each keep a recurrent state (two copies, for rollback) and
+        the inputs that replay accepted drafts: said once, per slot, before the caches exist."""
+        model = self.model
+        model.replay_tokens = max(model.replay_tokens, opts.spec + 1)
+        h = self.cfg.hybrid
+        log(f"strata: recurrent state: {h.n_recurrent} Gated DeltaNet layers, "
+            f"{model.state_bytes() / MiB:.1f} MiB per slot x {opts.parallel} "
+            f"(two copies of the state + replay inputs for windows of up to {model.replay_tokens} tokens); "
+            f"{model.n_attention} attention layers keep a KV cache")
+
     @classmethod
     def load(cls, opts: EngineOptions, log: Callable[[str], None] = log_stderr) -> "EngineCore":
         from strata.defaults import default_model_path
@@ -147,7 +158,7 @@ class EngineCore:
         _check_room(backend, pack.tensors.values(), f"pack {label}")
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         with _load_errors(backend, f"pack {label}"):
-            self.model = Transformer(backend, cfg, get,
+            self.model = build_model(backend, cfg, get,
                                      progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
         self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
         self.parallel = opts.parallel
@@ -186,7 +197,9 @@ class EngineCore:
         if draft is not None:
             proposer = DraftProposer(draft, max_ctx=self.n_ctx, kv_kind=opts.kv, chunk=opts.prefill_chunk(),
                                      min_p=opts.spec_min_p)
-        fused = fused_drafts_default(backend)
+        fused = fused_drafts_default(backend) and self.model.graphable
+        if cfg.hybrid is not None:
+            self._recurrent_state_line(opts, log)
         if draft is not None and opts.spec == 1 and fused:
             log("strata mtp: fused drafting on (a greedy verification window drafts the next one; "
                 "STRATA_MTP_FUSED=0 turns it off)")

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from strata.errors import StrataError
 from strata.gguf.reader import shown
+from strata.model.hybrid.config import FAMILY, HybridConfig, read_hybrid
 from strata.pack.metadata_rules import checked_values
 
 
@@ -28,6 +29,9 @@ ARCH_TRAITS: dict[str, ArchTraits] = {
     "qwen2": ArchTraits(rope_neox=True, qk_norm=False, moe=False, qkv_bias=True, norm_topk_default=False),
     "qwen3": ArchTraits(rope_neox=True, qk_norm=True, moe=False, qkv_bias=False, norm_topk_default=False),
     "qwen3moe": ArchTraits(rope_neox=True, qk_norm=True, moe=True, qkv_bias=False, norm_topk_default=True),
+    # the hybrid family: what they share with the others; the rest is HybridConfig
+    **{arch: ArchTraits(rope_neox=True, qk_norm=True, moe=t.moe, qkv_bias=False, norm_topk_default=True)
+       for arch, t in FAMILY.items()},
 }
 
 
@@ -52,6 +56,12 @@ class ModelConfig:
     norm_topk: bool
     vocab_size: int
     name: str
+    hybrid: HybridConfig | None = None  # the linear-attention family's own hyperparameters
+
+    @property
+    def n_layer_all(self) -> int:
+        """Main stack plus nextn layers (block_count)."""
+        return self.n_layer + (self.hybrid.n_nextn if self.hybrid is not None else 0)
 
     @property
     def q_dim(self) -> int:
@@ -76,11 +86,12 @@ def config_from_metadata(md: Mapping[str, Any], arch_override: str | None = None
         )
     traits = ARCH_TRAITS[arch]
     linear = v["rope.scaling.type"] == "linear"
+    n_layer = v["block_count"] - v["nextn_predict_layers"]
     return ModelConfig(
         arch=arch,
         traits=traits,
         # nextn (MTP) layers are counted in block_count but are not part of the main stack
-        n_layer=v["block_count"] - v["nextn_predict_layers"],
+        n_layer=n_layer,
         n_embd=v["embedding_length"],
         n_ff=v.get("feed_forward_length", 0),
         n_head=v["attention.head_count"],
@@ -97,4 +108,5 @@ def config_from_metadata(md: Mapping[str, Any], arch_override: str | None = None
         norm_topk=bool(v.get("expert_weights_norm", traits.norm_topk_default)),
         vocab_size=len(v["tokenizer.ggml.tokens"]),
         name=str(v.get("general.name", arch)),
+        hybrid=read_hybrid(arch, v, n_layer, label) if arch in FAMILY else None,
     )

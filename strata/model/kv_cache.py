@@ -148,3 +148,7 @@ class KVCache:
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
+
+    def reset(self) -> None:
+        """An empty sequence (the storage stays for the next one)."""
+        self.length = 0

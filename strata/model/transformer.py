@@ -161,32 +161,55 @@ class BlockRunner:
         return b.combine_experts(d, w)
 
 
+def load_embedding(model: Any, backend: Backend, cfg: ModelConfig, get: TensorLookup) -> None:
+    """The token embedding (model.embd, .embd_source, .n_vocab), its shape checked."""
+    E = cfg.n_embd
+    emb = _expect(get("token_embd.weight"), "token_embd.weight", None)
+    if emb.shape[0] != E:
+        raise StrataError(f"tensor token_embd.weight has shape {list(emb.shape)} but the metadata implies [{E}, *]")
+    if cfg.vocab_size and emb.shape[1] != cfg.vocab_size:
+        raise StrataError(
+            f"tensor token_embd.weight has shape {list(emb.shape)} but the metadata implies [{E}, {cfg.vocab_size}]"
+        )
+    model.n_vocab = emb.shape[1]
+    model.embd = backend.embedding(emb)
+    model.embd_source = emb
+
+
+def load_head(model: Any, backend: Backend, cfg: ModelConfig, get: TensorLookup) -> None:
+    """The final norm and output head (model.output_norm, .output, .output_source); a pack
+    without output.weight ties the head to the embedding."""
+    model.output_norm = backend.vector(_expect(get("output_norm.weight"), "output_norm.weight", (cfg.n_embd,)))
+    out = get("output.weight")
+    model.output_source = out if out is not None else model.embd_source
+    model.output = backend.linear_weight([model.output_source])
+
+
 class Transformer:
+    graphable = True  # the CUDA window graphs and fused drafting may capture its windows
     def __init__(self, backend: Backend, cfg: ModelConfig, get: TensorLookup,
                  progress: Callable[[int, int], None] | None = None):
         self.b = backend
         self.cfg = cfg
-        E = cfg.n_embd
-        emb = _expect(get("token_embd.weight"), "token_embd.weight", None)
-        if emb.shape[0] != E:
-            raise StrataError(f"tensor token_embd.weight has shape {list(emb.shape)} but the metadata implies [{E}, *]")
-        if cfg.vocab_size and emb.shape[1] != cfg.vocab_size:
-            raise StrataError(
-                f"tensor token_embd.weight has shape {list(emb.shape)} but the metadata implies [{E}, {cfg.vocab_size}]"
-            )
-        self.n_vocab = emb.shape[1]
-        self.embd = backend.embedding(emb)
-        self.embd_source = emb
+        load_embedding(self, backend, cfg, get)
         self.blocks: list[BlockWeights] = []
         for i in range(cfg.n_layer):
             self.blocks.append(load_block(backend, cfg, get, f"blk.{i}."))
             if progress:
                 progress(i + 1, cfg.n_layer)
-        self.output_norm = backend.vector(_expect(get("output_norm.weight"), "output_norm.weight", (E,)))
-        out = get("output.weight")
-        self.output_source = out if out is not None else emb  # tied output head
-        self.output = backend.linear_weight([self.output_source])
+        load_head(self, backend, cfg, get)
         self.runner = BlockRunner(backend, cfg)
+
+    def draft_parts(self, cfg: ModelConfig, get: TensorLookup, prefix: str) -> tuple[ModelConfig, Any, Any]:
+        """An MTP draft's block (strata.mtp.draft): this model's block shape, its FFN dense or
+        routed as the draft's tensors say. -> (the draft's config, block weights, runner)."""
+        import dataclasses
+
+        has_router = get(prefix + "ffn_gate_inp.weight") is not None
+        gate = get(prefix + "ffn_gate.weight")
+        n_ff = gate.shape[1] if gate is not None else cfg.n_ff
+        dcfg = dataclasses.replace(cfg, traits=dataclasses.replace(cfg.traits, moe=has_router), n_ff=n_ff, n_layer=1)
+        return dcfg, load_block(self.b, dcfg, get, prefix), BlockRunner(self.b, dcfg)
 
     def new_cache(self, max_ctx: int, kind: str) -> KVCache:
         c = self.cfg

@@ -10,7 +10,6 @@ through `output_norm` and the main model's output head, predicts x_{p+1}.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
@@ -21,7 +20,7 @@ from strata.errors import StrataError
 from strata.kernels.ggml_types import BY_NAME
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
-from strata.model.transformer import BlockRunner, Span, Transformer, _expect, advance, load_block
+from strata.model.transformer import Span, _expect, advance
 
 NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 
@@ -84,35 +83,37 @@ def find_draft(mtp: str | None, pack) -> DraftSource | None:
         if not p.exists():
             raise StrataError(f"--mtp {mtp}: no such file or directory")
         dp = open_pack(pack=str(p))
+        nextn = _nextn_source(dp.tensors, f"--mtp {mtp} (nextn layer {{n}})")
+        if nextn is not None:  # an MTP-only GGUF, as llama.cpp's converter writes it
+            return nextn
         tensors = {k: v for k, v in dp.tensors.items() if k.startswith("mtp.")}
         if "mtp.eh_proj.weight" not in tensors:
-            raise StrataError(f"--mtp {mtp}: no MTP draft tensors (mtp.eh_proj.weight is missing)")
+            raise StrataError(f"--mtp {mtp}: no MTP draft tensors (neither mtp.eh_proj.weight "
+                              f"nor blk.N.nextn.eh_proj.weight)")
         return DraftSource(tensors, dict(_FILE_NAMES), "mtp.blk.", f"--mtp {mtp}")
-    layers = sorted({int(m.group(1)) for name in pack.tensors if (m := NEXTN.match(name))})
+    return _nextn_source(pack.tensors, "nextn layer {n} of the pack")
+
+
+def _nextn_source(all_tensors: dict[str, Any], label: str) -> DraftSource | None:
+    """The first nextn layer's tensors (blk.N.*, N its index), or None without one."""
+    layers = sorted({int(m.group(1)) for name in all_tensors if (m := NEXTN.match(name))})
     if not layers:
         return None
     n = layers[0]
     prefix = f"blk.{n}."
-    tensors = {k: v for k, v in pack.tensors.items() if k.startswith(prefix)}
+    tensors = {k: v for k, v in all_tensors.items() if k.startswith(prefix)}
     names = {k: v.format(n=n) for k, v in _NEXTN_NAMES.items()}
-    return DraftSource(tensors, names, prefix, f"nextn layer {n} of the pack")
+    return DraftSource(tensors, names, prefix, label.format(n=n))
 
 
 class DraftModel:
     """Shared draft weights + the ops to run them for one slot at a time."""
 
-    def __init__(self, backend: Backend, cfg: ModelConfig, src: DraftSource, target: Transformer):
+    def __init__(self, backend: Backend, cfg: ModelConfig, src: DraftSource, target: Any):
         self.b = backend
         self.src = src
         self.target = target
         E = cfg.n_embd
-        has_router = src.get(src.block_prefix + "ffn_gate_inp.weight") is not None
-        traits = dataclasses.replace(cfg.traits, moe=has_router)
-        n_ff = cfg.n_ff
-        gate = src.get(src.block_prefix + "ffn_gate.weight")
-        if gate is not None:
-            n_ff = gate.shape[1]
-        self.cfg = dataclasses.replace(cfg, traits=traits, n_ff=n_ff, n_layer=1)
 
         def need(role: str, shape):
             name = src.names[role]
@@ -121,9 +122,16 @@ class DraftModel:
         self.enorm = backend.vector(need("enorm", (E,)))
         self.hnorm = backend.vector(need("hnorm", (E,)))
         self.eh_proj = backend.linear_weight([need("eh_proj", (2 * E, E))])
-        self.output_norm = backend.vector(need("output_norm", (E,)))
-        self.block = load_block(backend, self.cfg, src.get, src.block_prefix)
-        self.runner = BlockRunner(backend, self.cfg)
+        # a nextn layer without its own head norm shares the model's (llama.cpp's reading)
+        head_norm = src.get(src.names["output_norm"])
+        if head_norm is None and src.block_prefix.startswith("blk."):
+            self.output_norm = target.output_norm
+        else:
+            self.output_norm = backend.vector(need("output_norm", (E,)))
+        # the draft's block has the target's block shape (a hybrid model's nextn layer: gated
+        # attention with its FFN); window graphs only where the target's windows take them
+        self.cfg, self.block, self.runner = target.draft_parts(cfg, src.get, src.block_prefix)
+        self.graphs = getattr(backend, "graphs", None) if target.graphable else None
         # A draft vocabulary narrows the shared head to its tokens where the backend asks for it
         # (the CPU, where the head is ~20% of a target step; on the GPU it is a few us of a
         # window and the full head stays). Verification is exact whatever the draft proposes.
@@ -198,7 +206,7 @@ class DraftModel:
         b = self.b
         tokens, hidden, spans = self._prepare(items)
         ends = np.cumsum([sp.count for sp in spans]) - 1
-        graphs = getattr(b, "graphs", None)
+        graphs = self.graphs
         if graphs is not None and graphs.takes(spans):
             def window(d):
                 return self.last_rows(d["tokens"], d["hidden"], d["ends"], spans, full)
@@ -216,7 +224,7 @@ class DraftModel:
 
     def can_chain(self, items: list[tuple[KVCache, Any, Any]]) -> bool:
         """Whether chain_greedy runs these items as one graph (a backend with window graphs)."""
-        graphs = getattr(self.b, "graphs", None)
+        graphs = self.graphs
         return graphs is not None and graphs.takes([Span(c, c.length, int(np.asarray(t).size)) for c, t, _ in items])
 
     def chain_greedy(self, items: list[tuple[KVCache, Any, Any]], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -246,7 +254,7 @@ class DraftModel:
             return b.xp.stack(all_ids, axis=1), b.xp.stack(all_top, axis=1)
 
         inputs = {"tokens": tokens, "hidden": hidden, "ends": ends, "rows": np.arange(n)}
-        ids, top = b.graphs.run_fn(("draft-chain", id(self), k), window, inputs, spans, borrow=(True, True), more=steps)
+        ids, top = self.graphs.run_fn(("draft-chain", id(self), k), window, inputs, spans, borrow=(True, True), more=steps)
         for sp, c in zip(spans, committed):
             sp.cache.length = c
         return b.to_host(ids), b.to_host(top)

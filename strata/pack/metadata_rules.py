@@ -22,6 +22,7 @@ import numpy as np
 from strata.errors import StrataError
 from strata.gguf.constants import ALIGNMENT_KEY, ValueType as V
 from strata.gguf.reader import MAX_ALIGNMENT, shown
+from strata.model.hybrid.config import HYBRID_ARCHS, HYBRID_MOE_ARCHS, IMROPE_ARCHS
 from strata.pack.presets import MOE_ARCHS, SUPPORTED_ARCHS
 
 _INTS = frozenset({V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64})
@@ -36,6 +37,7 @@ class Kind(Enum):
     FLAG = ("a bool", frozenset({V.BOOL}), False)
     TEXT = ("a string", frozenset({V.STRING}), False)
     COUNTS = ("an array of integers", _INTS, True)
+    FLAGS = ("an array of bools or integers", _INTS | frozenset({V.BOOL}), True)
     REALS = ("an array of numbers", _INTS | _FLOATS, True)
     TEXTS = ("an array of strings", frozenset({V.STRING}), True)
 
@@ -119,6 +121,12 @@ class Key:
 
 
 DENSE_ARCHS = tuple(a for a in SUPPORTED_ARCHS if a not in MOE_ARCHS)
+AT_LEAST_2 = Range(2, 64)
+
+
+def _four_sections(values) -> str | None:
+    return None if len(values) == 4 and all(int(x) >= 0 for x in values) else \
+        f"must be 4 non-negative integers, found {len(values)} value(s)"
 
 # Every key the model and tokenizer read; order matters only for defaults that use earlier keys.
 KEYS: tuple[Key, ...] = (
@@ -131,6 +139,8 @@ KEYS: tuple[Key, ...] = (
     Key("nextn_predict_layers", Kind.COUNT, range=AT_LEAST_0, default=0),
     Key("context_length", Kind.COUNT, range=AT_LEAST_1, default=4096),
     Key("feed_forward_length", Kind.COUNT, required=True, range=AT_LEAST_1, archs=DENSE_ARCHS),
+    # the hybrid MoE archs read it only as the shared expert's width when theirs is not given
+    Key("feed_forward_length", Kind.COUNT, range=AT_LEAST_1, archs=HYBRID_MOE_ARCHS),
     Key("attention.head_count", Kind.COUNT, required=True, range=AT_LEAST_1),
     Key("attention.head_count_kv", Kind.COUNT, range=AT_LEAST_1, default=lambda v: v["attention.head_count"]),
     Key("attention.key_length", Kind.COUNT, range=AT_LEAST_1,
@@ -146,6 +156,16 @@ KEYS: tuple[Key, ...] = (
     Key("expert_used_count", Kind.COUNT, required=True, range=AT_LEAST_1, archs=MOE_ARCHS),
     Key("expert_feed_forward_length", Kind.COUNT, required=True, range=AT_LEAST_1, archs=MOE_ARCHS),
     Key("expert_weights_norm", Kind.FLAG, archs=MOE_ARCHS),
+    Key("expert_shared_feed_forward_length", Kind.COUNT, range=AT_LEAST_1, archs=HYBRID_MOE_ARCHS),
+    # the hybrid family (strata/model/hybrid/config.py)
+    Key("ssm.conv_kernel", Kind.COUNT, required=True, range=AT_LEAST_2, archs=HYBRID_ARCHS),
+    Key("ssm.state_size", Kind.COUNT, required=True, range=Range(1, 1024), archs=HYBRID_ARCHS),
+    Key("ssm.group_count", Kind.COUNT, required=True, range=Range(1, 4096), archs=HYBRID_ARCHS),
+    Key("ssm.time_step_rank", Kind.COUNT, required=True, range=Range(1, 4096), archs=HYBRID_ARCHS),
+    Key("ssm.inner_size", Kind.COUNT, required=True, range=AT_LEAST_1, archs=HYBRID_ARCHS),
+    Key("full_attention_interval", Kind.COUNT, range=Range(1, 2**31 - 1), default=4, archs=HYBRID_ARCHS),
+    Key("attention.recurrent_layers", Kind.FLAGS, archs=HYBRID_ARCHS),
+    Key("rope.dimension_sections", Kind.COUNTS, required=True, check=_four_sections, archs=IMROPE_ARCHS),
     Key("tokenizer.ggml.model", Kind.TEXT, required=True),
     Key("tokenizer.ggml.pre", Kind.TEXT),
     Key("tokenizer.ggml.tokens", Kind.TEXTS, required=True, check=lambda t: _not_empty(t) or utf8_problem(t)),
@@ -191,6 +211,18 @@ RELATIONS: tuple[Relation, ...] = (
     Relation("expert_used_count", ("expert_used_count", "expert_count"),
              lambda v: v["expert_used_count"] <= v["expert_count"],
              lambda v: f"must be in [1, expert_count ({v['expert_count']})]"),
+    Relation("ssm.time_step_rank", ("ssm.time_step_rank", "ssm.group_count"),
+             lambda v: v["ssm.time_step_rank"] % v["ssm.group_count"] == 0,
+             lambda v: f"must be a multiple of ssm.group_count ({v['ssm.group_count']})"),
+    Relation("ssm.inner_size", ("ssm.inner_size", "ssm.state_size", "ssm.time_step_rank"),
+             lambda v: v["ssm.inner_size"] == v["ssm.state_size"] * v["ssm.time_step_rank"],
+             lambda v: f"must equal ssm.state_size x ssm.time_step_rank ({v['ssm.state_size'] * v['ssm.time_step_rank']})"),
+    Relation("attention.recurrent_layers", ("attention.recurrent_layers", "block_count"),
+             lambda v: len(v["attention.recurrent_layers"]) == v["block_count"],
+             lambda v: f"must have one entry per block ({v['block_count']} in block_count)"),
+    Relation("rope.dimension_sections", ("rope.dimension_sections", "rope.dimension_count"),
+             lambda v: 0 < sum(int(x) for x in v["rope.dimension_sections"]) <= v["rope.dimension_count"] // 2,
+             lambda v: f"must sum to between 1 and half of rope.dimension_count ({v['rope.dimension_count'] // 2})"),
     Relation("vocab_size", ("vocab_size", "tokenizer.ggml.tokens"),
              lambda v: v["vocab_size"] == _n_tokens(v),
              lambda v: f"must equal the number of tokens in tokenizer.ggml.tokens ({_n_tokens(v)})"),

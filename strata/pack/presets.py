@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
-MOE_ARCHS = ("qwen3moe",)
+from strata.model.hybrid.config import HYBRID_ARCHS, HYBRID_MOE_ARCHS
+
+DENSE_LAYOUT_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")  # one block shape (model/transformer.py)
+SUPPORTED_ARCHS = DENSE_LAYOUT_ARCHS + HYBRID_ARCHS
+MOE_ARCHS = ("qwen3moe",) + HYBRID_MOE_ARCHS
 QK_NORM_ARCHS = ("qwen3", "qwen3moe")  # per-head RMS norm on q and k
 QKV_BIAS_ARCHS = ("qwen2",)
 
@@ -27,6 +30,14 @@ ROLE_TENSORS = {
     "ffn_gate_exps": "ffn_gate_exps",
     "ffn_up_exps": "ffn_up_exps",
     "ffn_down_exps": "ffn_down_exps",
+    # the hybrid family (strata/model/hybrid/tensors.py)
+    "ssm_in": "attn_qkv / attn_gate of a DeltaNet layer",
+    "ssm_ba": "ssm_beta / ssm_alpha / ssm_ba",
+    "ssm_out": "ssm_out",
+    "ffn_gate_shexp": "ffn_gate_shexp",
+    "ffn_up_shexp": "ffn_up_shexp",
+    "ffn_down_shexp": "ffn_down_shexp",
+    "nextn_eh_proj": "nextn.eh_proj",
 }
 ROLE_ALIASES = {"attn": ("attn_q", "attn_k", "attn_v", "attn_output")}
 
@@ -49,6 +60,20 @@ class SynthSpec:
     rms_eps: float = 1e-6
     tied_output: bool = False
     types: dict[str, str] = field(default_factory=dict)  # role -> "TYPE" or "T1/T2"
+    # the hybrid family only (0: not used)
+    rope_dim: int = 0  # rotated features per head (0: head_dim)
+    rope_sections: tuple[int, ...] = ()  # IMRoPE sections (qwen35, qwen35moe)
+    ssm_conv: int = 4
+    ssm_state: int = 0  # DeltaNet head size
+    ssm_groups: int = 0  # key heads
+    ssm_heads: int = 0  # value heads
+    shexp_ff: int = 0  # shared expert width
+    attn_interval: int = 4  # every N-th layer is full attention
+    nextn: int = 0  # nextn (MTP) layers after the main stack
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.arch in HYBRID_ARCHS
 
     @property
     def is_moe(self) -> bool:
@@ -107,3 +132,34 @@ TINY: dict[str, SynthSpec] = {
     for arch in ("llama", "qwen2", "qwen3")
 }
 TINY["qwen3moe"] = replace(PRESETS["seed-moe"], n_layer=2, n_expert=4, n_expert_used=2)
+
+
+# The hybrid family: a tiny model of each (3 DeltaNet layers and 1 gated-attention layer, one nextn
+# layer), and full-size ones at the shapes of the report's model class for the GPU benches.
+_HYBRID_TYPES = {"embed": "Q8_0", "output": "Q6_K", **_all_attn("Q8_0"), "ssm_in": "Q8_0", "ssm_ba": "Q8_0",
+                 "ssm_out": "Q8_0", "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q4_K",
+                 "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q4_0",
+                 "ffn_gate_shexp": "Q8_0", "ffn_up_shexp": "Q8_0", "ffn_down_shexp": "Q8_0", "nextn_eh_proj": "Q8_0"}
+_TINY_HYBRID = SynthSpec(arch="qwen35moe", n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
+                         n_expert=8, n_expert_used=2, expert_ff=128, rope_freq_base=1e7, rope_dim=32,
+                         rope_sections=(6, 5, 5, 0), ssm_state=32, ssm_groups=2, ssm_heads=4, shexp_ff=256,
+                         nextn=1, types=_HYBRID_TYPES)
+TINY["qwen35moe"] = _TINY_HYBRID
+TINY["qwen35"] = replace(_TINY_HYBRID, arch="qwen35", n_expert=0, n_expert_used=0, expert_ff=0, shexp_ff=0)
+TINY["qwen3next"] = replace(_TINY_HYBRID, arch="qwen3next", rope_sections=())
+
+# 3-bit experts as in the report (IQ3_S gate, IQ3_XXS up, Q2_0 / IQ4_NL downs)
+_HYBRID_FULL_TYPES = {**_HYBRID_TYPES, **_all_attn("Q4_K"), "ssm_in": "Q4_K", "ssm_ba": "Q8_0", "ssm_out": "Q4_K",
+                      "ffn_gate_exps": "IQ3_S", "ffn_up_exps": "IQ3_XXS", "ffn_down_exps": "Q2_0/IQ4_NL",
+                      "ffn_gate_shexp": "Q4_K", "ffn_up_shexp": "Q4_K", "ffn_down_shexp": "Q6_K"}
+PRESETS["qwen35moe-35b-a3b"] = SynthSpec(
+    arch="qwen35moe", n_layer=40, n_embd=2048, n_ff=512, n_head=16, n_head_kv=2, head_dim=256,
+    vocab=248320, n_expert=256, n_expert_used=8, expert_ff=512, context=262144, rope_freq_base=1e7,
+    rope_dim=64, rope_sections=(11, 11, 10, 0), ssm_state=128, ssm_groups=16, ssm_heads=32, shexp_ff=512,
+    nextn=1, types=_HYBRID_FULL_TYPES)
+PRESETS["qwen3next-80b-a3b"] = replace(
+    PRESETS["qwen35moe-35b-a3b"], arch="qwen3next", n_layer=48, n_expert=512, n_expert_used=10,
+    vocab=151936, rope_sections=())
+PRESETS["qwen35-tiny"] = TINY["qwen35"]
+PRESETS["qwen35moe-tiny"] = TINY["qwen35moe"]
+PRESETS["qwen3next-tiny"] = TINY["qwen3next"]

@@ -94,6 +94,10 @@ def block_tensors(spec: SynthSpec, prefix: str, layer: int) -> list[TensorPlan]:
 
 def plan_tensors(spec: SynthSpec) -> list[TensorPlan]:
     """Every tensor of the model, in llama.cpp's conversion order."""
+    if spec.is_hybrid:
+        from strata.pack.synth_hybrid import hybrid_plans
+
+        return hybrid_plans(spec, trunk=True, nextn=True)
     plans = [_weight(spec, "token_embd.weight", "embed", 0, (spec.n_embd, spec.vocab))]
     for layer in range(spec.n_layer):
         plans += block_tensors(spec, f"blk.{layer}.", layer)
@@ -118,6 +122,10 @@ def check_spec(spec: SynthSpec, plans: list[TensorPlan]) -> None:
     """Every flag problem as one line before a byte is written."""
     if spec.arch not in SUPPORTED_ARCHS:
         raise StrataError(f"--arch {spec.arch}: unsupported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    if spec.is_hybrid:
+        from strata.pack.synth_hybrid import check_hybrid_spec
+
+        check_hybrid_spec(spec)
     for flag, value in (("--layers", spec.n_layer), ("--n-embd", spec.n_embd), ("--heads", spec.n_head),
                         ("--kv-heads", spec.n_head_kv), ("--head-dim", spec.head_dim), ("--vocab", spec.vocab)):
         if value <= 0:
@@ -164,6 +172,8 @@ def tensor_data(plan: TensorPlan, seed: int) -> Callable[[], Iterator[np.ndarray
             n = min(rows_per_chunk, n_rows - start)
             if plan.fill == "norm":  # RMS-norm gains sit near 1
                 yield (1.0 + plan.scale * rng.standard_normal(n * row_len)).astype(np.float32)
+            elif plan.fill == "ssm_a":  # -exp(A_log), A_log in [0, log 16): decays of every speed
+                yield (-np.exp(rng.uniform(0.0, np.log(16.0), n * row_len))).astype(np.float32)
             elif plan.fill == "bias":
                 yield (plan.scale * rng.standard_normal(n * row_len)).astype(np.float32)
             else:  # random_blocks: valid blocks whose dequantized RMS is about plan.scale
@@ -249,16 +259,21 @@ _MOE_KEYS = {
 }
 
 
-def model_metadata(spec: SynthSpec, name: str) -> list[tuple[str, object, object]]:
+def model_metadata(spec: SynthSpec, name: str, *, nextn: bool = True) -> list[tuple[str, object, object]]:
+    if spec.is_hybrid:
+        from strata.pack.synth_hybrid import hybrid_arch_metadata
+
+        arch_meta = hybrid_arch_metadata(spec, nextn=nextn)
+    else:
+        keys = {**_ARCH_KEYS, **(_MOE_KEYS if spec.is_moe else {})}
+        arch_meta = [(f"{spec.arch}.{suffix}", getattr(spec, attr), vtype) for suffix, (attr, vtype) in keys.items()]
     meta = [
         ("general.architecture", spec.arch, V.STRING),
         ("general.type", "model", V.STRING),
         ("general.name", name, V.STRING),
         ("general.quantization_version", 2, V.UINT32),
     ]
-    keys = {**_ARCH_KEYS, **(_MOE_KEYS if spec.is_moe else {})}
-    meta += [(f"{spec.arch}.{suffix}", getattr(spec, attr), vtype) for suffix, (attr, vtype) in keys.items()]
-    return meta + tokenizer_metadata(spec.vocab)
+    return meta + arch_meta + tokenizer_metadata(spec.vocab)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -312,8 +327,16 @@ def synth_pack(
     progress: Callable[[str], None] = print,
 ) -> list[Path]:
     """Write the pack (and optionally its MTP draft); returns the files written."""
-    plans = plan_tensors(spec)
-    draft = mtp_tensors(spec) if mtp_dir is not None else []
+    if spec.is_hybrid:
+        from strata.pack.synth_hybrid import hybrid_plans
+
+        # with --mtp the nextn layer goes to an MTP-only GGUF (as llama.cpp's converter writes
+        # one), the pack keeps the main stack; without, the pack carries it
+        plans = hybrid_plans(spec, trunk=True, nextn=mtp_dir is None)
+        draft = hybrid_plans(spec, trunk=False, nextn=True) if mtp_dir is not None else []
+    else:
+        plans = plan_tensors(spec)
+        draft = mtp_tensors(spec) if mtp_dir is not None else []
     check_spec(spec, plans + draft)
     if shards < 1:
         raise StrataError(f"--shards {shards}: must be >= 1")
@@ -322,7 +345,7 @@ def synth_pack(
     groups = split_evenly(plans, shards)
     names = [f"{name}.gguf"] if shards == 1 else [shard_name(name, i + 1, shards) for i in range(shards)]
     _prepare_dir(out, force, set(names))
-    meta = model_metadata(spec, name)
+    meta = model_metadata(spec, name, nextn=mtp_dir is None)
     written = []
     for i, (file_name, group) in enumerate(zip(names, groups)):
         split = []
@@ -331,7 +354,11 @@ def synth_pack(
                      (SPLIT_TENSORS_COUNT_KEY, len(plans), V.INT32)]
         file_meta = (meta + split) if i == 0 else split
         written.append(_write_file(out / file_name, file_meta, group, seed, progress))
-    if mtp_dir is not None:
+    if mtp_dir is not None and spec.is_hybrid:
+        Path(mtp_dir).mkdir(parents=True, exist_ok=True)
+        mtp_meta = model_metadata(spec, f"{name} MTP", nextn=True)
+        written.append(_write_file(Path(mtp_dir) / "mtp.gguf", mtp_meta, draft, seed, progress))
+    elif mtp_dir is not None:
         mtp_meta = [
             ("general.architecture", MTP_ARCH, V.STRING),
             ("general.name", f"{name} MTP draft", V.STRING),

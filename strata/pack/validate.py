@@ -43,6 +43,12 @@ def model_tensors(cfg) -> Iterator[Expected]:
     Kept beside the model's own reads so that a pack is refused at load, with the pack's name, for
     any tensor the first window would otherwise trip over (an output head or a bias of the wrong
     length loads fine and fails only when multiplied)."""
+    if cfg.hybrid is not None:  # the family's own table (strata/model/hybrid/tensors.py), main stack
+        from strata.model.hybrid.tensors import model_tensors as hybrid_tensors
+
+        for t in hybrid_tensors(cfg, nextn=False):
+            yield Expected(t.name, t.ne, t.required)
+        return
     E, D, V = cfg.n_embd, cfg.head_dim, cfg.vocab_size
     yield Expected("token_embd.weight", (E, V))
     yield Expected("output_norm.weight", (E,))

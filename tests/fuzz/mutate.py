@@ -1,7 +1,7 @@
 """Mutants of small synthetic packs: byte-level damage and metadata rewritten with our writer.
 
 Each mutation kind is one function `(rng, seed) -> (description, bytes)` in KINDS. Mutant i is
-fully determined by (campaign seed, i): kind KINDS[i % len], seed pack ARCHS[(i // len) % 4], so
+fully determined by (campaign seed, i): kind KINDS[i % len], seed pack ARCHS[(i // len) % len(ARCHS)], so
 a failure is reproduced with `python -m tests.fuzz.harness --only I`.
 """
 
@@ -23,9 +23,13 @@ from strata.gguf.writer import GGUFWriter
 from strata.kernels.ggml_types import BY_ID
 from tests.fuzz.layout import N_KV_AT, N_TENSORS_AT, Layout, scan
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next")
 Q8_ROLES = ("embed", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-            "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+            "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ssm_in", "ssm_ba", "ssm_out", "ffn_gate_shexp",
+            "ffn_up_shexp", "ffn_down_shexp", "nextn_eh_proj")
+# the hybrid family at the same size: a DeltaNet and a gated-attention layer, a nextn layer
+_HYBRID_SMALL = dict(n_layer=2, attn_interval=2, ssm_state=16, ssm_groups=2, ssm_heads=4, shexp_ff=32,
+                     rope_dim=16, nextn=1)
 
 
 def write_seed_packs(out_dir: Path) -> dict[str, Path]:
@@ -36,8 +40,10 @@ def write_seed_packs(out_dir: Path) -> dict[str, Path]:
     paths = {}
     for arch in ARCHS:
         spec = replace(TINY[arch], n_layer=1, n_embd=64, n_ff=64, n_head=4, n_head_kv=2, head_dim=16, vocab=512,
-                       n_expert=4, n_expert_used=2, expert_ff=32, context=256,
-                       types={r: "Q8_0" for r in Q8_ROLES})
+                       n_expert=4 if TINY[arch].n_expert else 0, n_expert_used=2 if TINY[arch].n_expert else 0,
+                       expert_ff=32, context=256, types={r: "Q8_0" for r in Q8_ROLES})
+        if spec.is_hybrid:
+            spec = replace(spec, **_HYBRID_SMALL, rope_sections=(3, 3, 2, 0) if spec.rope_sections else ())
         (paths[arch],) = synth_pack(spec, out_dir / arch, name=arch, force=True, progress=lambda line: None)
     return paths
 
@@ -198,7 +204,10 @@ _VALUE_KEYS = ("context_length", "embedding_length", "block_count", "feed_forwar
                "attention.head_count", "attention.head_count_kv", "attention.key_length",
                "attention.value_length", "rope.dimension_count", "rope.freq_base",
                "attention.layer_norm_rms_epsilon", "vocab_size", "expert_count", "expert_used_count",
-               "expert_feed_forward_length", "rope.scaling.factor", "nextn_predict_layers")
+               "expert_feed_forward_length", "rope.scaling.factor", "nextn_predict_layers",
+               "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+               "full_attention_interval", "rope.dimension_sections", "attention.recurrent_layers",
+               "expert_shared_feed_forward_length")
 _PLAIN_KEYS = (ALIGNMENT_KEY, "general.architecture", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token", "general.name",
                "tokenizer.chat_template")
@@ -252,7 +261,19 @@ def _relations(s: Seed) -> dict[str, dict[str, Any]]:
         "context_length 0": {k("context_length"): _u32(0)},
         "context_length huge": {k("context_length"): (V.UINT64, 2**62)},
         "embedding_length does not match the tensors": {k("embedding_length"): _u32(md[k("embedding_length")] * 2)},
-        "feed_forward_length does not match": {k("feed_forward_length"): _u32(md[k("feed_forward_length")] + 32)},
+        "feed_forward_length does not match": {k("feed_forward_length"): _u32(md.get(k("feed_forward_length"), 32) + 32)},
+        # the hybrid family's keys (read only by qwen35, qwen35moe and qwen3next)
+        "ssm.inner_size != state x heads": {k("ssm.inner_size"): _u32(md.get(k("ssm.inner_size"), 8) + 8)},
+        "ssm.time_step_rank not a multiple of the groups": {k("ssm.time_step_rank"): _u32(3)},
+        "ssm.state_size 0": {k("ssm.state_size"): _u32(0)},
+        "ssm.conv_kernel 1": {k("ssm.conv_kernel"): _u32(1)},
+        "ssm.group_count huge": {k("ssm.group_count"): _u32(2**31)},
+        "full_attention_interval 0": {k("full_attention_interval"): _u32(0)},
+        "full_attention_interval 1 (no recurrent layer: tensors differ)": {k("full_attention_interval"): _u32(1)},
+        "recurrent_layers too short": {k("attention.recurrent_layers"): ((V.ARRAY, V.BOOL), [True])},
+        "rope sections of 3": {k("rope.dimension_sections"): ((V.ARRAY, V.INT32), [3, 3, 2])},
+        "rope sections over the rotated pairs": {k("rope.dimension_sections"): ((V.ARRAY, V.INT32), [30, 30, 30, 0])},
+        "shared expert width does not match": {k("expert_shared_feed_forward_length"): _u32(64)},
         "expert_feed_forward_length does not match": {k("expert_feed_forward_length"): _u32(64)},
         "nextn_predict_layers >= block_count": {k("nextn_predict_layers"): _u32(n_layer)},
         "rms epsilon NaN": {k("attention.layer_norm_rms_epsilon"): (V.FLOAT32, math.nan)},

@@ -26,7 +26,7 @@ from strata.gguf.writer import GGUFWriter
 from tests.fuzz.harness import REPO, Worker, campaign
 from tests.fuzz.mutate import ARCHS, KINDS, Mutant, Seed, make_mutant, write_seed_packs
 
-DEFAULT_MUTANTS = 17 * 30  # 30 of each kind, spread over the four architectures
+DEFAULT_MUTANTS = 17 * 30  # 30 of each kind, spread over the architectures
 N_MUTANTS = int(os.environ.get("STRATA_FUZZ_MUTANTS", DEFAULT_MUTANTS))
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", 0))
 
