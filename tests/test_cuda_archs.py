@@ -57,7 +57,7 @@ def _compile(m: catalog.ModuleSource, arch: int, tmp: Path) -> str | None:
 def test_catalog_names_every_wrapper_module():
     labels = [m.label for m in catalog.modules()]
     for want in ("mmvq Q2_0", "mmvq IQ4_NL", "mmvq IQ3_S", "mmvq F16", "mmvq_wide", "dequant Q4_K", "fused", "sample",
-                 "attention_prefill"):
+                 "attention_prefill", "delta_net"):
         assert want in labels
     assert len(labels) == len(set(labels))
 

@@ -62,9 +62,18 @@ def test_rejection_sampling_keeps_target_distribution():
     assert chi2_p_value(joint.reshape(-1), np.outer(p0, p1).reshape(-1)) > 1e-3
 
 
-@pytest.fixture(scope="module")
-def pack(tmp_path_factory):
-    return make_seed_moe(tmp_path_factory.mktemp("seed-moe-sampling"))
+@pytest.fixture(scope="module", params=["seed-moe", "qwen35moe"])
+def pack(request, tmp_path_factory):
+    """The seed-moe preset (qwen3moe), and the tiny hybrid qwen35moe: drafts rejected there are
+    cut back inside the window in the recurrent state as well as in the KV cache."""
+    if request.param == "seed-moe":
+        return make_seed_moe(tmp_path_factory.mktemp("seed-moe-sampling"))
+    from strata.pack.presets import TINY
+    from strata.pack.synth import synth_pack
+
+    out = tmp_path_factory.mktemp("hybrid-sampling")
+    synth_pack(TINY["qwen35moe"], out, progress=lambda *a: None)
+    return out
 
 
 def test_scheduler_sampling_with_drafts_matches_exact_distribution(pack):

@@ -333,6 +333,20 @@ class Backend(ABC):
         out_state[...] = S
         return out
 
+    def delta_net_kernels(self, hybrid: Any) -> bool:
+        """Whether delta_net_window runs on kernels for this model (HybridConfig), which read the
+        window from the device only (so a graph of the window may replay)."""
+        return False
+
+    def keep_replay_rows(self, proj: Any, pool: Any, layer: int, spans: Sequence[Any], table: Any) -> None:
+        """Each short sequence's rows of a DeltaNet layer's input projection into the pool's
+        replay rows (strata/model/recurrent_state.py), for a rollback inside the window."""
+        off = 0
+        for sp in spans:
+            if sp.cache.keeps_replay():
+                pool.replay[layer, sp.cache.cell, : sp.count] = proj[off : off + sp.count]
+            off += sp.count
+
     def delta_net_window(self, layer: Any, proj: Any, pool: Any, index: int, table: Any, n_spans: int,
                          write_out: bool) -> Any:
         """A whole window of one DeltaNet layer (strata.model.hybrid.layers.DeltaNet) in a few

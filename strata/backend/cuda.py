@@ -409,12 +409,24 @@ class CudaBackend(Backend):
         y = self._fk.attention(q, k, v, q_positions) if self.fused else None
         return y if y is not None else super().attention(q, k, v, q_positions)
 
+    def delta_net_kernels(self, hybrid: Any) -> bool:
+        from strata.kernels.cuda import delta_net as dn
+
+        return self.fused and dn.supported(hybrid.d_state, hybrid.d_conv)
+
+    def keep_replay_rows(self, proj: Any, pool: Any, layer: int, spans: Sequence[Any], table: Any) -> None:
+        if not self.fused:
+            return super().keep_replay_rows(proj, pool, layer, spans, table)
+        from strata.kernels.cuda import delta_net as dn
+
+        dn.keep_rows(proj, pool.replay, layer, table, len(spans))  # (the table, not the host: graphable)
+
     def delta_net_window(self, layer: Any, proj: Any, pool: Any, index: int, table: Any, n_spans: int,
                          write_out: bool) -> Any:
         from strata.kernels.cuda import delta_net as dn
 
         h = layer.h
-        if not self.fused or not dn.supported(h.d_state, h.d_conv):
+        if not self.delta_net_kernels(h):
             return NotImplemented
         y = dn.conv_window(proj[:, : h.conv_dim], layer.conv_w, pool.conv, index, table, n_spans)
         return dn.delta_window(y, proj, layer, pool.ssm, index, table, n_spans, layer.cfg.rms_eps, write_out)

@@ -114,6 +114,8 @@ def _op_of(name: str, shape: Sequence[int], has_output_head: bool) -> str:
         return "elementwise"  # norms, biases, scales: read whole, no mat-vec
     if name.startswith("token_embd") and has_output_head:
         return "lookup"  # rows gathered by token id; tied embeddings are also the output head
+    if name.endswith("ssm_conv1d.weight"):
+        return "elementwise"  # a DeltaNet layer's conv taps (F32), read by the conv kernel, not a mat-vec
     return "matvec"
 
 

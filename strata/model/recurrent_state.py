@@ -57,21 +57,26 @@ class RecurrentPool:
     second axis of size 2 the two copies. Cells are added as caches are made (the arrays are
     regrown then, so a cache indexes the pool, never keeps views) and freed with their cache."""
 
-    def __init__(self, xp: Any, shape: RecurrentShape):
+    def __init__(self, xp: Any, shape: RecurrentShape, replay_tokens: int):
         self.xp, self.shape = xp, shape
+        self.replay_tokens = replay_tokens
         self.cells = 0
         self.free: list[int] = []
-        self.conv = self.ssm = None
+        self.conv = self.ssm = self.replay = None
         self._alloc(0)
 
     def _alloc(self, cells: int) -> None:
+        """conv and ssm as in the class doc; replay (layers, cells, replay_tokens, width): the
+        input-projection rows of each cell's last window, when it was short enough."""
         s, xp = self.shape, self.xp
         conv = xp.zeros((s.n_layer, cells, 2, s.conv_rows, s.channels), xp.float32)
         ssm = xp.zeros((s.n_layer, cells, 2, s.heads, s.head_k, s.head_v), xp.float32)
+        replay = xp.zeros((s.n_layer, cells, self.replay_tokens, s.replay_width), xp.float32)
         if self.cells:
             conv[:, : self.cells] = self.conv
             ssm[:, : self.cells] = self.ssm
-        self.conv, self.ssm, self.cells = conv, ssm, cells
+            replay[:, : self.cells] = self.replay
+        self.conv, self.ssm, self.replay, self.cells = conv, ssm, replay, cells
 
     def take(self) -> int:
         if self.free:
@@ -86,20 +91,19 @@ class RecurrentPool:
 class HybridCache:
     """KV cache of the attention layers plus the double-buffered recurrent state (module doc)."""
 
-    def __init__(self, xp: Any, kv: KVCache, pool: RecurrentPool, replay_tokens: int):
+    def __init__(self, xp: Any, kv: KVCache, pool: RecurrentPool):
         self.xp = xp
         self.kv = kv
         self.pool = pool
         self.shape = pool.shape
-        self.replay_tokens = replay_tokens
+        self.replay_tokens = pool.replay_tokens
         self.cell = pool.take()
         weakref.finalize(self, pool.give_back, self.cell)
         self.active = 0
         self.reset()
-        # the last window: where it began, how many tokens, and per layer its replay inputs
+        # the last window: where it began, how many tokens (its rows for a replay are in the pool)
         self.window_start = 0
         self.window_count = 0
-        self.replay: list[Any] = [None] * self.shape.n_layer
         self.replayer = None  # the model's function that replays kept inputs (set by the model)
 
     @property
@@ -136,10 +140,6 @@ class HybridCache:
         return self.kv.nbytes + self.state_bytes(self.shape, self.replay_tokens)
 
     @property
-    def replay_bytes(self) -> int:
-        return 4 * self.shape.n_layer * self.replay_tokens * self.shape.replay_width
-
-    @property
     def bytes_per_position(self) -> int:
         return self.kv.bytes_per_position
 
@@ -152,7 +152,6 @@ class HybridCache:
     def begin(self, start: int, count: int) -> None:
         """A window of `count` tokens from `start` is about to run (start == length)."""
         self.window_start, self.window_count = start, count
-        self.replay = [None] * self.shape.n_layer
 
     def read(self, layer: int) -> tuple[Any, Any]:
         """The layer's state at the window's start: (conv (rows, C), delta (H, dk, dv))."""
@@ -168,14 +167,10 @@ class HybridCache:
         """This sequence's row of a window table (the device kernels' layout, module doc)."""
         return [self.cell, self.active, first_row, count]
 
-    def wants_replay(self) -> bool:
-        """Whether this window keeps its inputs (short enough to be cut back inside)."""
+    def keeps_replay(self) -> bool:
+        """Whether this window's rows are kept (short enough to be cut back inside): the layers
+        write them to the pool (Backend.keep_replay_rows) under the same rule."""
         return self.window_count <= self.replay_tokens
-
-    def keep_replay(self, layer: int, inputs: Any) -> None:
-        """The layer's per-token inputs of this window (count, replay_width), for truncate."""
-        if self.wants_replay():
-            self.replay[layer] = inputs
 
     def commit(self) -> None:
         """The window's forward is done: its states become the current ones."""
@@ -191,14 +186,14 @@ class HybridCache:
         if not (start <= n < end) or self.length != end:
             raise StrataError(f"recurrent state: cannot roll back to position {n} "
                               f"(the state is kept from position {start} only)")
-        self.active = 1 - self.active  # the state at the window's start
         keep = n - start
+        if keep and not self.keeps_replay():
+            raise StrataError(f"recurrent state: a window of {self.window_count} tokens keeps no "
+                              f"replay inputs (at most {self.replay_tokens}); cannot roll back to {n}")
+        self.active = 1 - self.active  # the state at the window's start
         if keep:
-            if any(r is None for r in self.replay):
-                raise StrataError(f"recurrent state: a window of {self.window_count} tokens keeps no "
-                                  f"replay inputs (at most {self.replay_tokens}); cannot roll back to {n}")
-            self.replay = [r[:keep] for r in self.replay]
-            self.replayer(self, self.replay)  # reads the start state, writes the other copy
+            rows = [self.pool.replay[layer, self.cell, :keep] for layer in range(self.shape.n_layer)]
+            self.replayer(self, rows)  # reads the start state, writes the other copy
             self.commit()
         self.window_count = keep
         self.kv.truncate(n)
@@ -208,5 +203,4 @@ class HybridCache:
         self.pool.conv[:, self.cell, self.active] = 0
         self.pool.ssm[:, self.cell, self.active] = 0
         self.window_start = self.window_count = 0
-        self.replay = [None] * self.shape.n_layer
         self.kv.length = 0

@@ -1,6 +1,6 @@
 """Every CUDA module the backend compiles at run time, as the wrappers compile it.
 
-The wrappers (mmvq, dequant, fused, sample, attention_prefill) compile their sources with NVRTC
+The wrappers (mmvq, dequant, fused, sample, attention_prefill, delta_net) compile their sources with NVRTC
 for the GPU they find, at first use. A user's GPU may be another generation than the one the
 kernels were measured on (an sm_89 card: RTX 4090; sm_80 / sm_86: A100, RTX 30xx), so
 tests/test_cuda_archs.py compiles every module listed here with nvcc for those targets, where
@@ -52,7 +52,7 @@ def _mmvq_modules() -> list[ModuleSource]:
 
 
 def modules() -> list[ModuleSource]:
-    from strata.kernels.cuda import attention_prefill, dequant, fused, sample
+    from strata.kernels.cuda import attention_prefill, delta_net, dequant, fused, sample
 
     fused_code, fused_names = fused.module_source()
     return (_mmvq_modules()
@@ -60,4 +60,5 @@ def modules() -> list[ModuleSource]:
                for t in dequant.supported_types()]
             + [ModuleSource("fused", fused_code, fused.OPTIONS, tuple(fused_names)),
                ModuleSource("sample", sample._SOURCE.read_text(), sample.OPTIONS),
-               ModuleSource("attention_prefill", attention_prefill._SOURCE.read_text(), attention_prefill.OPTIONS)])
+               ModuleSource("attention_prefill", attention_prefill._SOURCE.read_text(), attention_prefill.OPTIONS),
+               ModuleSource("delta_net", delta_net._SOURCE.read_text(), delta_net.OPTIONS)])

@@ -6,18 +6,19 @@
 // start and the one the window writes: strata/model/recurrent_state.py):
 //   conv  [layer][cell][copy][K-1][C]        the last K-1 conv inputs, oldest first
 //   state [layer][cell][copy][H][dk][dv]     the delta rule's matrix, dv fastest
-// The window table has one row of 4 ints per sequence: cell, active copy, first row, row count.
+// The window table has one row of 4 int64 per sequence: cell, active copy, first row, row count.
+// It is read on the device only, so a CUDA graph of a window replays for any cells and copies.
 
 #define MAX_CONV 8
 
 extern "C" __global__ void causal_conv(const float* __restrict__ x, long long x_stride,
                                        const float* __restrict__ w, int C, int K,
                                        float* __restrict__ pool, long long cells, int layer,
-                                       const int* __restrict__ table, float* __restrict__ y) {
+                                       const long long* __restrict__ table, float* __restrict__ y) {
     const int s = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int cell = table[4 * s], active = table[4 * s + 1], r0 = table[4 * s + 2], cnt = table[4 * s + 3];
+    const int cell = (int)table[4 * s], active = (int)table[4 * s + 1], r0 = (int)table[4 * s + 2], cnt = (int)table[4 * s + 3];
     const size_t per_copy = (size_t)(K - 1) * C;
     const float* st_in = pool + (((size_t)layer * cells + cell) * 2 + active) * per_copy;
     float* st_out = pool + (((size_t)layer * cells + cell) * 2 + (1 - active)) * per_copy;
@@ -34,6 +35,18 @@ extern "C" __global__ void causal_conv(const float* __restrict__ x, long long x_
         if (y) y[row * C + c] = acc / (1.0f + expf(-acc));
     }
     for (int j = 0; j < K - 1; ++j) st_out[(size_t)j * C + c] = buf[j];
+}
+
+// The rows of a window's input projection that a rollback inside it replays, kept in the pool:
+// replay [layer][cell][R][W], for each sequence of at most R rows (a decode window).
+extern "C" __global__ void keep_rows(const float* __restrict__ proj, long long P, int W,
+                                     float* __restrict__ replay, long long cells, int R, int layer,
+                                     const long long* __restrict__ table) {
+    const int s = blockIdx.y, t = blockIdx.z;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int cell = (int)table[4 * s], r0 = (int)table[4 * s + 2], cnt = (int)table[4 * s + 3];
+    if (c >= W || cnt > R || t >= cnt) return;
+    replay[(((size_t)layer * cells + cell) * R + t) * W + c] = proj[(long long)(r0 + t) * P + c];
 }
 
 // sum over the block's S threads (S a multiple of 32, at most 1024)
@@ -63,9 +76,9 @@ __device__ void gated_delta(const float* __restrict__ y, int C, int Kd,
                             const float* __restrict__ dt, const float* __restrict__ A,
                             const long long* __restrict__ key_head, const float* __restrict__ norm_w, float eps,
                             float* __restrict__ pool, long long cells, int layer, int H,
-                            const int* __restrict__ table, float* __restrict__ out) {
+                            const long long* __restrict__ table, float* __restrict__ out) {
     const int h = blockIdx.x, s = blockIdx.y, j = threadIdx.x;
-    const int cell = table[4 * s], active = table[4 * s + 1], r0 = table[4 * s + 2], cnt = table[4 * s + 3];
+    const int cell = (int)table[4 * s], active = (int)table[4 * s + 1], r0 = (int)table[4 * s + 2], cnt = (int)table[4 * s + 3];
     const size_t per_copy = (size_t)H * S * S;
     const float* st_in = pool + (((size_t)layer * cells + cell) * 2 + active) * per_copy + (size_t)h * S * S;
     float* st_out = pool + (((size_t)layer * cells + cell) * 2 + (1 - active)) * per_copy + (size_t)h * S * S;
@@ -112,7 +125,7 @@ __device__ void gated_delta(const float* __restrict__ y, int C, int Kd,
     extern "C" __global__ void __launch_bounds__(S) gated_delta_##S(                                     \
         const float* y, int C, int Kd, const float* proj, long long P, const long long* beta_cols,       \
         const long long* alpha_cols, const float* dt, const float* A, const long long* key_head,          \
-        const float* norm_w, float eps, float* pool, long long cells, int layer, int H, const int* table, \
+        const float* norm_w, float eps, float* pool, long long cells, int layer, int H, const long long* table, \
         float* out) {                                                                                    \
         gated_delta<S>(y, C, Kd, proj, P, beta_cols, alpha_cols, dt, A, key_head, norm_w, eps, pool,     \
                        cells, layer, H, table, out);                                                     \

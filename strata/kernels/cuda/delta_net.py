@@ -2,6 +2,7 @@
 rule in one launch each, in place in the recurrent pool (strata/model/recurrent_state.py).
 
     conv_window(x, w, pool_conv, layer, table) -> silu(conv) rows (n, C)
+    keep_rows(proj, pool_replay, layer, table): the rows a cut inside the window replays
     delta_window(y, proj, p, pool_state, layer, table, out) -> out (n, H*S) or None
         p: strata.model.hybrid.layers.DeltaNet (its device constants); out None: the state only
         (a replay of kept rows)
@@ -20,6 +21,7 @@ HEAD_SIZES = (32, 64, 128, 256)
 MAX_CONV = 8
 CONV_THREADS = 256
 _SOURCE = Path(__file__).with_name("delta_net.cu")
+OPTIONS = ("-std=c++17",)
 
 
 def supported(head: int, conv: int) -> bool:
@@ -30,7 +32,7 @@ def supported(head: int, conv: int) -> bool:
 def _module():
     import cupy as cp
 
-    return cp.RawModule(code=_SOURCE.read_text(), options=("-std=c++17",))
+    return cp.RawModule(code=_SOURCE.read_text(), options=OPTIONS)
 
 
 def conv_window(x, w, pool, layer: int, table, n_spans: int):
@@ -47,6 +49,21 @@ def conv_window(x, w, pool, layer: int, table, n_spans: int):
         (x, np.int64(x.strides[0] // 4), w, np.int32(C), np.int32(K), pool, np.int64(pool.shape[1]),
          np.int32(layer), table, y))
     return y
+
+
+def keep_rows(proj, replay, layer: int, table, n_spans: int):
+    """Copy each short sequence's rows of proj into the pool's replay rows (delta_net.cu)."""
+    import cupy as cp
+
+    W = int(replay.shape[3])
+    R = int(replay.shape[2])
+    if proj.strides[1] != 4:
+        proj = cp.ascontiguousarray(proj)
+    grid = ((W + CONV_THREADS - 1) // CONV_THREADS, n_spans, R)
+    _module().get_function("keep_rows")(
+        grid, (CONV_THREADS,),
+        (proj, np.int64(proj.strides[0] // 4), np.int32(W), replay, np.int64(replay.shape[1]), np.int32(R),
+         np.int32(layer), table))
 
 
 def delta_window(y, proj, p, pool, layer: int, table, n_spans: int, eps: float, write_out: bool):

@@ -154,12 +154,9 @@ class DeltaNet:
         b, h, xp = self.b, self.h, self.b.xp
         n, C = hn.shape[0], h.conv_dim
         proj = b.linear(self.w_in, hn)
-        off = 0
-        for sp in spans:  # the rows a cut inside this window replays (decode windows only)
-            if sp.cache.wants_replay():
-                sp.cache.keep_replay(layer, proj[off : off + sp.count])
-            off += sp.count
-        y = b.delta_net_window(self, proj, spans[0].cache.pool, layer, table, len(spans), True)
+        pool = spans[0].cache.pool
+        b.keep_replay_rows(proj, pool, layer, spans, table)  # what a cut inside this window replays
+        y = b.delta_net_window(self, proj, pool, layer, table, len(spans), True)
         if y is NotImplemented:
             outs, off = [], 0
             for sp in spans:
@@ -173,7 +170,7 @@ class DeltaNet:
     def replay(self, cache: Any, layer: int, proj: Any) -> None:
         """Apply kept rows of the input projection to the state again (a rollback)."""
         b = self.b
-        table = b.asarray(np.asarray([cache.table_row(0, int(proj.shape[0]))], np.int32))
+        table = b.asarray(np.asarray([cache.table_row(0, int(proj.shape[0]))], np.int64))
         if b.delta_net_window(self, proj, cache.pool, layer, table, 1, False) is NotImplemented:
             self._mix(cache, layer, proj)
 

@@ -56,13 +56,15 @@ class HybridModel:
         self.state_shape = RecurrentShape(n_layer=n_rec, conv_rows=h.d_conv - 1, channels=h.conv_dim,
                                           heads=h.n_v_heads, head_v=h.d_state, head_k=h.d_state,
                                           replay_width=DeltaNet.replay_width(cfg))
-        self.pool = RecurrentPool(backend.xp, self.state_shape)
+        self.pool: RecurrentPool | None = None  # made with the first cache (replay_tokens is final then)
 
     # --- per sequence ----------------------------------------------------------------------
     def new_cache(self, max_ctx: int, kind: str) -> HybridCache:
         c = self.cfg
         kv = KVCache(self.b.xp, max(1, self.n_attention), c.n_head_kv, c.head_dim, max_ctx, kind)
-        cache = HybridCache(self.b.xp, kv, self.pool, self.replay_tokens)
+        if self.pool is None:
+            self.pool = RecurrentPool(self.b.xp, self.state_shape, self.replay_tokens)
+        cache = HybridCache(self.b.xp, kv, self.pool)
         cache.replayer = self._replay
         return cache
 
@@ -78,28 +80,55 @@ class HybridModel:
     def forward(self, tokens: Any, spans: Sequence[Span], logit_rows: Any = None) -> Any:
         """As Transformer.forward: final-normed hidden states (n, n_embd), or with logit_rows the
         pair (hidden, logits of those rows). The caches advance and their states commit only
-        once the whole window has run (a failure leaves every sequence as it was)."""
+        once the whole window has run (a failure leaves every sequence as it was). On a backend
+        with window graphs and DeltaNet kernels (CUDA) the window replays a captured graph: the
+        recurrent table, like the KV window table, is an input read on the device."""
         b = self.b
         reserve(spans)
         for sp in spans:
             sp.cache.begin(sp.start, sp.count)
-        out = self.run_window(b.embed(self.embd, tokens), spans)
-        if logit_rows is not None:
-            out = (out, self.logits(out[b.xp.asarray(np.asarray(logit_rows, np.int64))]))
+        kv_spans = [Span(sp.cache.kv, sp.start, sp.count, sp.long_prompt) for sp in spans]
+        rows, off = [], 0
+        for sp in spans:
+            rows.append(sp.cache.table_row(off, sp.count))
+            off += sp.count
+        table = np.asarray(rows, np.int64)
+        graphs = getattr(b, "graphs", None)
+        if graphs is not None and b.delta_net_kernels(self.cfg.hybrid) and graphs.takes(kv_spans, wide=True):
+            out = self._graphed(graphs, tokens, spans, kv_spans, table, logit_rows)
+        else:
+            out = self.run_window(b.embed(self.embd, tokens), spans, kv_spans, b.asarray(table))
+            if logit_rows is not None:
+                out = (out, self.logits(out[b.xp.asarray(np.asarray(logit_rows, np.int64))]))
         for sp in spans:
             sp.cache.commit()
         advance(spans)
         return out
 
-    def run_window(self, x: Any, spans: Sequence[Span]) -> Any:
+    def _graphed(self, graphs: Any, tokens: Any, spans: Sequence[Span], kv_spans: Sequence[Span],
+                 table: np.ndarray, logit_rows: Any) -> Any:
         b = self.b
-        kv_spans = [Span(sp.cache.kv, sp.start, sp.count, sp.long_prompt) for sp in spans]
+        if self.embd.blocks is not None:  # embedding gathered on the device: ids are the input
+            inputs = {"tokens": np.asarray(tokens, np.int64)}
+        else:
+            inputs = {"x": b.embed_host(self.embd, tokens)}
+        inputs["recurrent"] = table
+        if logit_rows is not None:
+            inputs["rows"] = np.asarray(logit_rows, np.int64)
+
+        def window(d):
+            x = b.embed(self.embd, d["tokens"]) if "tokens" in d else d["x"]
+            h = self.run_window(x, spans, kv_spans, d["recurrent"])
+            return (h, self.logits(h[d["rows"]])) if "rows" in d else (h,)
+
+        outs = graphs.run_fn(("hybrid", id(self)), window, inputs, kv_spans, borrow=(False, True))
+        return outs if logit_rows is not None else outs[0]
+
+    def run_window(self, x: Any, spans: Sequence[Span], kv_spans: Sequence[Span], table: Any) -> Any:
+        """The device work of a window: layers, then the final norm. Reads spans on the host
+        only for what a window's shape fixes; cells, copies and rows come from `table`."""
+        b = self.b
         positions = b.begin_window(kv_spans)
-        rows, off = [], 0
-        for sp in spans:
-            rows.append(sp.cache.table_row(off, sp.count))
-            off += sp.count
-        table = b.asarray(np.asarray(rows, np.int32))  # one upload per window, every layer reads it
         y = None
         for layer in self.layers:
             x, y = layer.run(x, y, spans, kv_spans, positions, table)
