@@ -110,7 +110,6 @@ class EngineCore:
         """A hybrid model's sequences each keep a recurrent state (two copies, for rollback) and
         the inputs that replay accepted drafts: said once, per slot, before the caches exist."""
         model = self.model
-        model.replay_tokens = max(model.replay_tokens, opts.spec + 1)
         h = self.cfg.hybrid
         log(f"strata: recurrent state: {h.n_recurrent} Gated DeltaNet layers, "
             f"{model.state_bytes() / MiB:.1f} MiB per slot x {opts.parallel} "
@@ -198,7 +197,8 @@ class EngineCore:
             proposer = DraftProposer(draft, max_ctx=self.n_ctx, kv_kind=opts.kv, chunk=opts.prefill_chunk(),
                                      min_p=opts.spec_min_p)
         fused = fused_drafts_default(backend) and self.model.graphable
-        if cfg.hybrid is not None:
+        if cfg.hybrid is not None:  # verification windows of 1 + --spec tokens can be cut back inside
+            self.model.replay_tokens = max(self.model.replay_tokens, opts.spec + 1)
             self._recurrent_state_line(opts, log)
         if draft is not None and opts.spec == 1 and fused:
             log("strata mtp: fused drafting on (a greedy verification window drafts the next one; "
