@@ -28,6 +28,29 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0  # 0..20
+    # Logit adjustments, applied where the row is sampled (on the device for GPU slots) and
+    # seen by the speculative verifier as the distribution itself (strata/logit_adjust.py):
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-inf bans)
+    # llama-server's penalties over the last repeat_last_n tokens (prompt and output; -1: the
+    # whole sequence, 0: off): a repeated token's logit is divided by repetition_penalty when
+    # positive (multiplied when negative), then lowered by frequency_penalty x its count and by
+    # presence_penalty once
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64
+    min_tokens: int = 0  # end-of-generation and stop tokens are banned until this many were made
+    constraint: "ConstraintSpec | None" = None  # grammar the output must follow (strata/grammar)
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What constrained decoding holds the output to: kind "json_object" (any JSON object),
+    "json_schema" (source: the schema as JSON text, strict), "lark" (source: a Lark grammar in
+    llguidance's dialect, e.g. a tool-call wrapper around JSON arguments)."""
+
+    kind: str
+    source: str = ""
 
 
 @dataclass
@@ -35,6 +58,9 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     request_id: str = ""
+    # an embedding request: the prompt is prefilled, nothing is generated, and the FinishEvent
+    # carries the mean of the prompt's final-normed hidden states, L2-normalised
+    embed: bool = False
 
 
 @dataclass
@@ -60,6 +86,8 @@ class FinishEvent:
     text_tail: str = ""  # text held back (pending stop-string prefix) released at the end
     error: str | None = None  # one line, when reason == "error"
     code: str | None = None  # with "error": "out_of_memory" when the device had no room for the request
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache, not a prefill
+    embedding: list[float] | None = None  # an embed request's vector
 
 
 class EventQueue(queue.Queue):
