@@ -33,6 +33,7 @@ from strata.batch.faults import FaultInjector
 from strata.batch.output import TextOutput
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
+from strata.logit_adjust import apply_rows, has_adjustments, row_adjust
 from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
 from strata.mtp.verify import verify
@@ -77,6 +78,7 @@ class _Entry:
     kind: str  # "prefill" | "decode"
     drafts: list[int] = field(default_factory=list)
     q: list[Any] = field(default_factory=list)
+    cut_q: Any = None  # the draft distribution of a sampled draft the grammar cut (verify's `rejected`)
     wants_logits: bool = True
     # where the slot's caches and rng stood when its window began: a failed window goes back there
     start: int | None = None
@@ -311,6 +313,12 @@ class Scheduler:
         s.handle = h  # first: a failure below ends this request (_admit)
         p = h.request.params
         s.prompt = list(h.request.prompt_ids)
+        s.history = list(s.prompt)
+        s.adjusted = has_adjustments(p)
+        if p.constraint is not None:
+            from strata.grammar import compile_constraint  # (the grammar library loads on first use)
+
+            s.matcher = compile_constraint(p.constraint, self.tok, n_vocab=self.model.cfg.vocab_size).matcher()
         s.rng = np.random.default_rng(p.seed)
         s.output = TextOutput(self.tok.token_bytes, list(p.stop))
         s.mtp_admitted = False
@@ -389,7 +397,8 @@ class Scheduler:
         proposals.update(stored)
         for s in decoding:
             drafts, q = proposals.get(s.index, ([], []))
-            entries.append(_Entry(s, [s.pending] + drafts, "decode", drafts, q))
+            drafts, q, cut_q = self._grammar_cut(s, drafts, q)
+            entries.append(_Entry(s, [s.pending] + drafts, "decode", drafts, q, cut_q))
         budget = self.cfg.prefill_chunk
         for s in busy:
             if not s.prefilling or budget <= 0:
@@ -399,6 +408,23 @@ class Scheduler:
             entries.append(_Entry(s, toks, "prefill", wants_logits=s.n_prefilled + n == len(s.prompt)))
             budget -= n
         return self._with_room([e for e in entries if e.slot.busy]), fused
+
+    @staticmethod
+    def _grammar_cut(s: Slot, drafts: list[int], q: list[Any]) -> tuple[list[int], list[Any], Any]:
+        """The drafts up to the first one the request's grammar does not allow (it is never
+        verified: the target gives it probability 0), and the cut draft's distribution when it
+        was sampled (verify draws that position as a rejection)."""
+        m = s.matcher
+        if m is None or not drafts:
+            return drafts, q, None
+        n = 0
+        for d in drafts:
+            if not m.accept(d):
+                break
+            n += 1
+        m.rollback(n)
+        cut_q = q[n] if n < len(drafts) else None
+        return drafts[:n], q[:n], cut_q
 
     def _run_window(self, entries: list[_Entry], fused: set[int]) -> _Window:
         """The forward of the entries (fused with the next drafts where it may), the caches
@@ -518,7 +544,8 @@ class Scheduler:
         b = self.model.b
         rows = [e for e in entries if e.kind == "decode" or e.wants_logits]
         if not b.samples_on_device or any(
-                e.slot.handle.request.params.logprobs or (e.drafts and not is_greedy(e.slot.handle.request.params))
+                e.slot.handle.request.params.logprobs
+                or ((e.drafts or e.cut_q is not None) and not is_greedy(e.slot.handle.request.params))
                 for e in rows):
             return None
         params = []
@@ -551,6 +578,7 @@ class Scheduler:
             return out, None
         b = self.model.b
         hidden, logits = out
+        self._adjust_logits(entries, logits)
         only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
                           for e in entries if e.kind == "decode" or e.wants_logits)
         if only_argmax:
@@ -558,11 +586,50 @@ class Scheduler:
         ids = self._sample_on_device(entries, logits)
         return hidden, b.to_host(ids if ids is not None else logits)
 
+    def _adjust_logits(self, entries: list[_Entry], logits: Any) -> None:
+        """The requests' logit adjustments (strata.logit_adjust), applied to the window's rows
+        where they are: row j of a decode entry is adjusted as if its first j drafts were
+        already output (their tokens in the penalty window, the grammar advanced past them)."""
+        if not any(e.slot.adjusted for e in entries):
+            return
+        rows = []
+        for e in entries:
+            if e.kind != "decode" and not e.wants_logits:
+                continue
+            n = len(e.tokens) if e.kind == "decode" else 1
+            s = e.slot
+            if not s.adjusted:
+                rows += [None] * n
+                continue
+            p = s.handle.request.params
+            end_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(self.eog))
+            masks = self._grammar_masks(s, e.drafts[: n - 1])
+            for j in range(n):
+                rows.append(row_adjust(p, s.history + e.drafts[:j], s.n_generated + j, end_ids, masks[j]))
+        apply_rows(self.model.b.xp, logits, rows)
+
+    @staticmethod
+    def _grammar_masks(s: Slot, drafts: list[int]) -> list[Any]:
+        """The grammar's allowed tokens for the row after each prefix of the drafts (the drafts
+        were checked by _grammar_cut); [None, ...] without a grammar."""
+        m = s.matcher
+        if m is None:
+            return [None] * (len(drafts) + 1)
+        masks = []
+        for j in range(len(drafts) + 1):
+            buf = np.zeros(m.vocab_words, np.uint32)
+            m.fill_mask(buf)
+            masks.append(buf)
+            if j < len(drafts):
+                m.accept(drafts[j])
+        m.rollback(len(drafts))
+        return masks
+
     def _after_decode(self, e: _Entry, h: Any, start: int, logits: np.ndarray) -> int:
         """Verify and emit; returns how many of the window's tokens stay in the cache (0 when
         the request ended)."""
         s = e.slot
-        accepted_tokens = self._accept(s, e.drafts, e.q, logits)
+        accepted_tokens = self._accept(s, e.drafts, e.q, logits, e.cut_q)
         if e.drafts:
             s.counters.record(len(e.drafts), accepted_tokens - 1 if accepted_tokens else 0)
         if not s.busy:
@@ -578,7 +645,8 @@ class Scheduler:
         (the draft reads the target's argmax), MTP allowed for the slot."""
         if not self.cfg.fused_drafts or self.cfg.spec != 1 or getattr(self.proposer, "draft", None) is None:
             return []
-        if not all(is_greedy(s.handle.request.params) and not s.handle.request.params.logprobs for s in busy):
+        if not all(is_greedy(s.handle.request.params) and not s.handle.request.params.logprobs and not s.adjusted
+                   for s in busy):  # (the fused graph takes the rows' argmax before any adjustment)
             return []
         return [s for s in decoding if self._mtp_allowed(s, len(busy))[0]]
 
@@ -633,7 +701,7 @@ class Scheduler:
         s.hidden_pending, s.tokens_pending = [s.fused_hidden], []
         s.next_draft = s.fused_hidden = None
 
-    def _accept(self, s: Slot, drafts: list[int], q: list[Any], logits: np.ndarray) -> int:
+    def _accept(self, s: Slot, drafts: list[int], q: list[Any], logits: np.ndarray, cut_q: Any = None) -> int:
         """Verify and emit; returns how many window tokens stay in the cache (1 + accepted)."""
         params = s.handle.request.params
         greedy = is_greedy(params)
@@ -643,7 +711,7 @@ class Scheduler:
                 s.pending = tok
             return 1
         p = list(logits) if greedy else [distribution(row, params) for row in logits]
-        verdict = verify(drafts, p, q, s.rng, greedy)
+        verdict = verify(drafts, p, q, s.rng, greedy, cut_q)
         for j, tok in enumerate(verdict.tokens):
             if not self._emit(s, tok, logits[j]):
                 return verdict.accepted + 1
@@ -721,6 +789,11 @@ class Scheduler:
         if (tok in self.eog and not params.ignore_eos) or tok in params.stop_token_ids:
             self._finish(s, "stop")
             return False
+        s.history.append(tok)
+        if s.matcher is not None and not s.matcher.accept(tok):  # (the mask allows only what it accepts)
+            self._finish(s, "error", code="internal_error",
+                         error=f"internal error: the grammar refused token {tok}, which its mask allowed")
+            return False
         lp, top = None, None
         if params.logprobs:
             ls = log_softmax(logits_row)
@@ -732,6 +805,9 @@ class Scheduler:
         s.handle.events.put(TokenEvent(tok, text, lp, top))
         if s.output.stopped:
             self._finish(s, "stop", tail=False)
+            return False
+        if s.matcher is not None and s.matcher.is_stopped():  # the grammar is complete: nothing may follow
+            self._finish(s, "stop")
             return False
         if s.n_generated >= params.max_tokens or len(s.prompt) + s.n_generated >= self.cfg.max_ctx:
             self._finish(s, "length")  # prompt + completion never exceed the context

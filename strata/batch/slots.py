@@ -52,6 +52,9 @@ class Slot:
     n_generated: int = 0
     rng: np.random.Generator | None = None
     output: TextOutput | None = None
+    history: list[int] = field(default_factory=list)  # prompt and output: the penalties' window
+    matcher: Any = None  # the request's grammar state (strata.grammar.Matcher), when it has one
+    adjusted: bool = False  # the request changes its logits (strata.logit_adjust)
     # draft catch-up: main hiddens h_C..h_{M-1} and tokens x_{C+1}..x_{M-1} not yet seen by the draft
     hidden_pending: list[Any] = field(default_factory=list)
     tokens_pending: list[int] = field(default_factory=list)
@@ -77,6 +80,9 @@ class Slot:
         self.n_generated = 0
         self.rng = None
         self.output = None
+        self.history = []
+        self.matcher = None
+        self.adjusted = False
         self.hidden_pending = []
         self.tokens_pending = []
         self.next_draft = None

@@ -99,6 +99,14 @@ def check_request(req: GenerationRequest, vocab: int) -> None:
     if vocab > 0 and (min(ids) < 0 or max(ids) >= vocab):  # (min/max: one pass in C, not a Python loop)
         at, bad = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab)
         raise StrataError(f"prompt token id {bad} at position {at} is outside the vocabulary [0, {vocab})")
+    p = req.params
+    bad_bias = [t for t in p.logit_bias if vocab > 0 and not 0 <= t < vocab]
+    if bad_bias:
+        raise StrataError(f"logit_bias: token id {bad_bias[0]} is outside the vocabulary [0, {vocab})")
+    if not p.repetition_penalty > 0:
+        raise StrataError(f"repetition_penalty must be > 0, not {p.repetition_penalty!r}")
+    if p.min_tokens < 0 or p.repeat_last_n < -1:
+        raise StrataError("min_tokens must be >= 0 and repeat_last_n >= -1")
 
 
 class EngineCore:

@@ -31,8 +31,20 @@ def _top(row) -> int:
     return int(row) if np.ndim(row) == 0 else int(np.argmax(row))
 
 
+def _after_rejection(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:
+    """The target's token where a draft drawn from q was rejected: from normalize(max(0, p - q))."""
+    residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    return sample_from(residual / total, rng) if total > 0 else sample_from(p, rng)
+
+
 def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarray],
-           rng: np.random.Generator, greedy: bool) -> Verdict:
+           rng: np.random.Generator, greedy: bool, rejected: np.ndarray | None = None) -> Verdict:
+    """`rejected`: the draft distribution of a sampled draft that came after the given ones and
+    was cut before the window (a token the request's grammar does not allow: the target gives it
+    probability 0, so it would be rejected for sure). Past the given drafts, the token is then
+    drawn as on a rejection, from normalize(max(0, p_k - rejected)), which keeps the output
+    distribution exactly p (cutting and then drawing from p_k would not)."""
     k = len(drafts)
     out: list[int] = []
     for j in range(k):
@@ -49,10 +61,9 @@ def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarra
         if rng.random() < ratio:
             out.append(d)
             continue
-        residual = np.maximum(pj - q[j], 0.0)
-        total = residual.sum()
-        nxt = sample_from(residual / total, rng) if total > 0 else sample_from(pj, rng)
-        return Verdict(j, out + [nxt])
+        return Verdict(j, out + [_after_rejection(pj, q[j], rng)])
     last = p[k]
+    if rejected is not None and not greedy:
+        return Verdict(k, out + [_after_rejection(last, rejected, rng)])
     nxt = _top(last) if greedy else sample_from(last, rng)
     return Verdict(k, out + [nxt])
