@@ -323,6 +323,9 @@ class Scheduler:
         s.output = TextOutput(self.tok.token_bytes, list(p.stop))
         s.mtp_admitted = False
         self.faults.check("admit-raise", s.index)
+        if h.request.embed:  # prefilled only: no draft, no output
+            s.embed_sum = 0.0
+            return
         seeded_sample = not is_greedy(p) and p.seed is not None
         if self.proposer is not None and s.mtp_failed is None and not (seeded_sample and self.cfg.plain_for_seeded):
             try:  # MTP admission: the slot's private draft state
@@ -405,7 +408,8 @@ class Scheduler:
                 continue
             n = min(budget, len(s.prompt) - s.n_prefilled)
             toks = s.prompt[s.n_prefilled : s.n_prefilled + n]
-            entries.append(_Entry(s, toks, "prefill", wants_logits=s.n_prefilled + n == len(s.prompt)))
+            last = s.n_prefilled + n == len(s.prompt)
+            entries.append(_Entry(s, toks, "prefill", wants_logits=last and s.embed_sum is None))
             budget -= n
         return self._with_room([e for e in entries if e.slot.busy]), fused
 
@@ -492,12 +496,24 @@ class Scheduler:
         if e.kind == "prefill":
             self._keep_hidden(e.slot, hidden, sp.start, e.tokens)
             e.slot.n_prefilled += n
+            if e.slot.embed_sum is not None:
+                self._embed_chunk(e.slot, hidden)
             if e.wants_logits:
                 self._accept(e.slot, [], [], w.logits[li : li + 1])
             return
         keep = self._after_decode(e, hidden, sp.start, w.logits[li : li + n])
         if e.slot.index in w.fuse_at:
             self._fused_after(e.slot, keep, hidden, w.draft_out, *w.fuse_at[e.slot.index])
+
+    def _embed_chunk(self, s: Slot, hidden: Any) -> None:
+        """An embedding request adds its chunk's hiddens; after the last chunk it ends with their
+        mean, L2-normalised (float64 on the host: one vector)."""
+        s.embed_sum = s.embed_sum + hidden.astype(self.model.b.xp.float32).sum(axis=0)
+        if s.prefilling:
+            return
+        v = np.asarray(self.model.b.to_host(s.embed_sum), dtype=np.float64) / max(1, len(s.prompt))
+        norm = float(np.linalg.norm(v))
+        self._finish(s, "stop", embedding=(v / norm if norm > 0 else v).tolist())
 
     def _one_at_a_time(self, entries: list[_Entry], fused: set[int], first: Exception) -> None:
         """A window failed with an exception that names no request (a bug, or an input that got
@@ -818,7 +834,7 @@ class Scheduler:
         return self.tok.token_bytes(tok).decode("utf-8", errors="replace")
 
     def _finish(self, s: Slot, reason: str, *, error: str | None = None, code: str | None = None,
-                tail: bool = True) -> None:
+                tail: bool = True, embedding: list[float] | None = None) -> None:
         h = s.handle
         text_tail = ""
         if tail and s.output is not None and reason != "error":
@@ -826,6 +842,6 @@ class Scheduler:
                 text_tail = s.output.finish()
             except Exception as e:  # noqa: BLE001 - the request still ends, without its held text
                 self.log(f"strata batch: slot {s.index}: releasing the held text failed ({type(e).__name__}: {e})")
-        h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code))
+        h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code, s.cached, embedding))
         self.finished[reason] += 1
         s.reset()

@@ -55,6 +55,8 @@ class Slot:
     history: list[int] = field(default_factory=list)  # prompt and output: the penalties' window
     matcher: Any = None  # the request's grammar state (strata.grammar.Matcher), when it has one
     adjusted: bool = False  # the request changes its logits (strata.logit_adjust)
+    cached: int = 0  # prompt tokens whose KV came from the prefix cache
+    embed_sum: Any = None  # an embedding request's running sum of final-normed hiddens
     # draft catch-up: main hiddens h_C..h_{M-1} and tokens x_{C+1}..x_{M-1} not yet seen by the draft
     hidden_pending: list[Any] = field(default_factory=list)
     tokens_pending: list[int] = field(default_factory=list)
@@ -83,6 +85,8 @@ class Slot:
         self.history = []
         self.matcher = None
         self.adjusted = False
+        self.cached = 0
+        self.embed_sum = None
         self.hidden_pending = []
         self.tokens_pending = []
         self.next_draft = None

@@ -282,6 +282,19 @@ class EngineCore:
     def slots_busy(self) -> int:
         return self.scheduler.slots_busy()
 
+    def slots_info(self) -> list[dict]:
+        """Each slot as /slots shows it: busy or not, the request it serves, how far it got, its
+        MTP counters (read from the engine's thread without a lock: a snapshot, maybe a window old)."""
+        out = []
+        for s in self.scheduler.slots:
+            h = s.handle
+            out.append({"id": s.index, "is_processing": h is not None, "request_id": h.request.request_id if h else None,
+                        "n_prompt_tokens": len(s.prompt), "n_decoded": s.n_generated,
+                        "n_cached_prompt_tokens": s.cached,
+                        "mtp": {"windows": s.counters.windows, "drafted": s.counters.drafted,
+                                "accepted": s.counters.accepted}})
+        return out
+
     def metrics(self) -> dict:
         sch = self.scheduler
         return {
