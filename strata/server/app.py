@@ -11,6 +11,7 @@ makes the API ready.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import sys
 import time
@@ -25,10 +26,11 @@ from fastapi.responses import JSONResponse, Response
 
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
-from strata.server import sse
+from strata.server import embeddings, llama_routes, sse
 from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer,
                                   install_error_handlers, read_body, wait_for_disconnect)
 from strata.server.edge import EdgeMiddleware, EdgePolicy
+from strata.server.embeddings import EmbeddingRequest
 from strata.server.errors import APIError, invalid
 from strata.server.events import core_batches, core_events
 from strata.server.metrics import CONTENT_TYPE, EngineMetrics
@@ -37,6 +39,7 @@ from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletio
                                    CompletionRequest, check_model_name, parse_request)
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
+ANSWER_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}  # a job's kind -> its answer id's prefix
 
 
 # ---------------------------------------------------------------- the served model id
@@ -201,7 +204,9 @@ class EngineAPI:
         self.log = log
         self.metrics = EngineMetrics(lambda: self.core)
         self.drain = Drain()
-        self.live: set[RequestHandle] = set()
+        # running requests -> their task number (llama-server's id_task on /slots)
+        self.live: dict[RequestHandle, int] = {}
+        self._tasks = itertools.count()
         self.created = int(time.time())
         self.app = self._build()
 
@@ -224,6 +229,21 @@ class EngineAPI:
         if requested and requested not in names:
             check_model_name(requested, self.model_name)
 
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex[:24]
+
+    def track(self, handle: RequestHandle) -> None:
+        """A submitted request: ended by a drain, shown on /slots."""
+        self.live[handle] = next(self._tasks)
+
+    def untrack(self, handle: RequestHandle) -> None:
+        self.live.pop(handle, None)
+
+    @staticmethod
+    def access_record(request: Request) -> AccessRecord | None:
+        return request.scope.get(ACCESS_KEY)
+
     def begin_drain(self, grace_s: float) -> None:
         """Refuse new requests now; end the ones still running when the grace period ends."""
         self.drain.begin(grace_s)
@@ -234,7 +254,7 @@ class EngineAPI:
         for handle in list(self.live):
             handle.cancel()
 
-    def _ready_core(self):
+    def ready_core(self):
         self.drain.refuse_if_draining()
         if self.core is None:
             why = self.failure or "the engine is loading"
@@ -279,14 +299,17 @@ class EngineAPI:
         if self.max_queued is not None and core.queue_depth() >= self.max_queued:
             raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
                            code="queue_full")
+        job_id = self.new_id()
         try:
-            handle = core.submit(GenerationRequest(prompt_ids=ids, params=params))
+            # the request id is the answer's id, so /slots shows a client which slot runs its request
+            handle = core.submit(GenerationRequest(prompt_ids=ids, params=params,
+                                                   request_id=f"{ANSWER_PREFIX[kind]}-{job_id}"))
         except StrataError as e:
             if hasattr(e, "n_prompt_tokens"):
                 raise overflow(e.n_prompt_tokens, getattr(e, "n_ctx", n_ctx)) from None
             raise invalid(e.message) from None
         return _Job(kind, handle, len(ids), logprobs, top, req.include_usage(),
-                    echo_text=echo_text if getattr(req, "echo", False) else "")
+                    echo_text=echo_text if getattr(req, "echo", False) else "", id=job_id)
 
     # ------------------------------------------------------------ logprobs in both formats
     def _token_str(self, token_id: int) -> tuple[str, list[int]]:
@@ -319,7 +342,7 @@ class EngineAPI:
         if job.access is not None:
             job.access.set(fin.prompt_tokens, fin.completion_tokens)
 
-    def _ended_error(self, fin: FinishEvent) -> APIError | None:
+    def ended_error(self, fin: FinishEvent) -> APIError | None:
         """The error to report for a generation that did not end normally."""
         if fin.reason == "error" and fin.code in ("out_of_memory", "device_lost"):  # worth a retry
             return APIError("unavailable_error", fin.error or "generation failed", code=fin.code)
@@ -344,11 +367,11 @@ class EngineAPI:
                         tokens.append(ev)
         finally:
             watcher.cancel()
-            self.live.discard(job.handle)
+            self.untrack(job.handle)
             if fin is None:
                 job.handle.cancel()
         self._outcome(endpoint, fin, job)
-        err = self._ended_error(fin)
+        err = self.ended_error(fin)
         if err is not None:
             raise err
         text = "".join(texts) + fin.text_tail
@@ -433,7 +456,7 @@ class EngineAPI:
         """What ends a stream: the held-back text, the finish reason, the usage, [DONE] (or an error)."""
         self._outcome(endpoint, fin, job)
         trailer = usage_trailer(fin.prompt_tokens, fin.completion_tokens) if job.usage_trailer else b""
-        err = self._ended_error(fin)
+        err = self.ended_error(fin)
         if err is not None:
             return sse.error_and_done(err.message, err.type, err.code) + trailer
         out = []
@@ -452,7 +475,7 @@ class EngineAPI:
 
     def _release_job(self, job: _Job):
         async def release() -> None:
-            self.live.discard(job.handle)
+            self.untrack(job.handle)
             if not job.finished:
                 job.handle.cancel()
         return release
@@ -460,7 +483,7 @@ class EngineAPI:
     async def _generate(self, request: Request, model_cls, endpoint: str) -> Response:
         raw = await read_body(request, self.max_request_bytes, self.body_timeout)
         req = await self.preparer.run(len(raw), parse_request, model_cls, raw)
-        core = self._ready_core()
+        core = self.ready_core()
         self.check_model(req.model)
         try:
             ids, echo_text = await self.preparer.run(len(raw), self._prompt_ids, core, req)
@@ -470,7 +493,7 @@ class EngineAPI:
             raise e
         job.access = request.scope.get(ACCESS_KEY)
         job.usage_trailer = self.usage_trailer and request.headers.get(USAGE_TRAILER_HEADER) == "1"
-        self.live.add(job.handle)
+        self.track(job.handle)
         if req.stream:
             return ClosingStreamingResponse(self._stream(job, endpoint), self._release_job(job),
                                             media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
@@ -505,12 +528,12 @@ class EngineAPI:
 
         @app.get("/v1/models")
         async def models(request: Request):
-            self._ready_core()
+            self.ready_core()
             return {"object": "list", "data": [self._model_card()]}
 
         @app.get("/v1/models/{model_id:path}")
         async def model(model_id: str, request: Request):
-            self._ready_core()
+            self.ready_core()
             self.check_model(model_id)
             return self._model_card()
 
@@ -522,7 +545,36 @@ class EngineAPI:
         async def completions(request: Request):
             return await self._generate(request, CompletionRequest, "completions")
 
+        @app.post("/v1/embeddings")
+        async def embed(request: Request):
+            raw, req = await self._parsed(request, EmbeddingRequest)
+            return await embeddings.embed(self, request, raw, req)
+
+        # llama-server's own routes (strata/server/llama_routes.py)
+        @app.post("/tokenize")
+        async def tokenize(request: Request):
+            raw, req = await self._parsed(request, llama_routes.TokenizeRequest)
+            return await self.preparer.run(len(raw), llama_routes.tokenize, self.ready_core(), req)
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request):
+            raw, req = await self._parsed(request, llama_routes.DetokenizeRequest)
+            return await self.preparer.run(len(raw), llama_routes.detokenize, self, self.ready_core(), req)
+
+        @app.get("/props")
+        async def props(request: Request):
+            return llama_routes.props(self.ready_core())
+
+        @app.get("/slots")
+        async def slots(request: Request):
+            return llama_routes.slots(self, self.ready_core())
+
         return app
+
+    async def _parsed(self, request: Request, model_cls):
+        """(the body, the request model it validates into): bounded reading, strict parsing."""
+        raw = await read_body(request, self.max_request_bytes, self.body_timeout)
+        return raw, await self.preparer.run(len(raw), parse_request, model_cls, raw)
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "strata",

@@ -83,14 +83,18 @@ class EngineMetrics:
                                      registry=self.registry)
         self.completion_tokens = Counter("strata_completion_tokens", "generated tokens of served requests",
                                          registry=self.registry)
+        self.cached_tokens = Counter("strata_prompt_tokens_cached",
+                                     "prompt tokens whose KV came from the prefix cache instead of a prefill",
+                                     registry=self.registry)
         self.registry.register(_CoreCollector(core_getter))
 
-    def finished(self, endpoint: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def finished(self, endpoint: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0,
+                 cached_tokens: int = 0) -> None:
         self.requests.labels(endpoint, outcome).inc()
-        if prompt_tokens:
-            self.prompt_tokens.inc(prompt_tokens)
-        if completion_tokens:
-            self.completion_tokens.inc(completion_tokens)
+        for counter, n in ((self.prompt_tokens, prompt_tokens), (self.completion_tokens, completion_tokens),
+                           (self.cached_tokens, cached_tokens)):
+            if n:
+                counter.inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -41,6 +41,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+class Strict(BaseModel):
+    """A request body whose every field is known: an unknown one is a 400 naming it."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
 def _refuse_unless(ok: Callable[[Any], bool], message: str):
     """A field validator for values that would change the result and that we do not support."""
     def check(cls, v):

@@ -50,6 +50,8 @@ from strata.server.app import ACCESS_KEY, USAGE_TRAILER, USAGE_TRAILER_HEADER, A
 from strata.server.engine_process import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
 from strata.server.errors import APIError, invalid
 from strata.server.metrics import CONTENT_TYPE, ServerMetrics
+from strata.server.embeddings import EmbeddingRequest
+from strata.server.llama_routes import DetokenizeRequest, TokenizeRequest
 from strata.server.schemas import REQUEST_MODELS, parse_request
 from strata.server.serving import bind, request_exit, serve
 from strata.server.upstream import UpstreamReader
@@ -63,10 +65,17 @@ HEALTH_POLL_S = 0.1
 WATCH_POLL_S = 1.0
 WATCH_ANSWER_S = 2.0
 WATCH_MISSES = 3
+PASS_TIMEOUT_S = 30.0  # a route answered without a slot (models, props, tokenize ...)
 EXIT_SETTLE_S = 5.0  # after a broken upstream connection, how long to wait for the exit code
 USER_ERROR_EXIT = 2  # a child's exit code for a StrataError: its last `strata: <reason>` line says what
-# the usage of a non-streamed answer: the engine writes it last, compact (JSONResponse)
-BODY_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+),"completion_tokens":(\d+)')
+# the usage of a non-streamed answer: the engine writes it last, compact (JSONResponse); an
+# embeddings answer has no completion tokens
+BODY_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+)(?:,"completion_tokens":(\d+))?')
+
+# routes whose requests take an engine slot (queued here, bounded, timed), and their request models
+ADMITTED: dict[str, type] = {**REQUEST_MODELS, "/v1/embeddings": EmbeddingRequest}
+# routes answered by the engine at once, without a slot: checked here, then passed on
+PASSED: dict[str, type] = {"/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 
 DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); the next request restarts it"
 WAITED_MESSAGE = "the engine stopped while this request waited; it was not sent; the next request restarts it"
@@ -476,7 +485,7 @@ class ServeApp:
     async def _admit_and_forward(self, request: Request, path: str) -> Response:
         sup = self.sup
         raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
-        req = await self.preparer.run(len(raw), parse_request, REQUEST_MODELS[path], raw)
+        req = await self.preparer.run(len(raw), parse_request, ADMITTED[path], raw)
         sup.drain.refuse_if_draining()
         if sup.outstanding >= sup.parallel + self.cfg.max_queued:
             raise APIError("rate_limit_error",
@@ -517,7 +526,7 @@ class ServeApp:
                 await resp.aclose()
             self._raise_outcome(outcome)
             if rec is not None and (m := _last_match(BODY_USAGE, body)) is not None:
-                rec.set(int(m[1]), int(m[2]))
+                rec.set(int(m[1]), int(m[2] or 0))
             sup.metrics.requests.labels("ok" if resp.status_code < 400 else f"http_{resp.status_code}").inc()
             return Response(body, status_code=resp.status_code,
                             media_type=resp.headers.get("content-type", "application/json"))
@@ -610,10 +619,24 @@ class ServeApp:
             await cleanup()
 
     async def _proxy_get(self, request: Request, path: str) -> Response:
+        return await self._pass(path, None)
+
+    async def _proxy_post(self, request: Request, path: str) -> Response:
+        """A route that takes no slot: its body bounded and checked here, then passed on."""
+        raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
+        await self.preparer.run(len(raw), parse_request, PASSED[path], raw)
+        return await self._pass(path, raw)
+
+    async def _pass(self, path: str, body: bytes | None) -> Response:
+        """The engine's answer to GET path (body None) or POST path with body."""
         self.sup.drain.refuse_if_draining()
         child = await self.sup.ready_child(self._left(self._deadline()))
         try:
-            r = await self.sup.client.get(child.url + path, timeout=30.0)
+            if body is None:
+                r = await self.sup.client.get(child.url + path, timeout=PASS_TIMEOUT_S)
+            else:
+                r = await self.sup.client.post(child.url + path, content=body, timeout=PASS_TIMEOUT_S,
+                                               headers={"content-type": "application/json"})
         except httpx.TransportError as e:
             raise await self._upstream_error(child, e) from None
         return Response(r.content, status_code=r.status_code,
@@ -669,6 +692,27 @@ class ServeApp:
         @app.post("/v1/completions")
         async def completions(request: Request):
             return await self._generate(request, "/v1/completions")
+
+        @app.post("/v1/embeddings")
+        async def embeddings(request: Request):
+            return await self._generate(request, "/v1/embeddings")
+
+        # llama-server's own routes
+        @app.post("/tokenize")
+        async def tokenize(request: Request):
+            return await self._proxy_post(request, "/tokenize")
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request):
+            return await self._proxy_post(request, "/detokenize")
+
+        @app.get("/props")
+        async def props(request: Request):
+            return await self._proxy_get(request, "/props")
+
+        @app.get("/slots")
+        async def slots(request: Request):
+            return await self._proxy_get(request, "/slots")
 
         return app
 

@@ -1,0 +1,132 @@
+"""llama-server's own routes, with its field names, so its clients work unchanged:
+POST /tokenize, POST /detokenize, GET /props, GET /slots.
+
+They read the loaded core and never queue for a slot: tokenizing is the tokenizer's work alone,
+and /props and /slots only describe the engine. Bodies are parsed as strictly as the generation
+routes' (strict JSON, no unknown fields, every field bounded).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field
+
+from strata import __version__
+from strata.engine.protocol import SamplingParams
+from strata.server.schemas import MAX_PROMPT_IDS, Strict, TokenId
+
+if TYPE_CHECKING:
+    from strata.server.app import EngineAPI
+
+# the order Strata's samplers run in, under llama-server's names (strata/logit_adjust.py, then
+# strata/sampling.py): bias, penalties and grammar first, then temperature and the filters
+SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
+
+
+class TokenizeRequest(Strict):
+    content: str
+    add_special: bool = False  # BOS (and EOS) as the vocabulary asks
+    parse_special: bool = True  # '<|im_start|>' written in the text is that control token
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Strict):
+    tokens: Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)] = []
+
+
+def piece(tokenizer: Any, token_id: int) -> str | list[int]:
+    """A token's text, or its bytes when they are not valid UTF-8 alone (half of a character),
+    as llama-server's with_pieces gives them."""
+    raw = bytes(tokenizer.token_bytes(token_id))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def tokenize(core: Any, req: TokenizeRequest) -> dict[str, Any]:
+    tok = core.tokenizer
+    ids = list(tok.encode(req.content, add_special=req.add_special, parse_special=req.parse_special))
+    if req.with_pieces:
+        return {"tokens": [{"id": i, "piece": piece(tok, i)} for i in ids]}
+    return {"tokens": ids}
+
+
+def detokenize(api: "EngineAPI", core: Any, req: DetokenizeRequest) -> dict[str, Any]:
+    api.limits.check_ids(req.tokens, "tokens")  # 400 naming the first id outside the vocabulary
+    return {"content": core.tokenizer.decode(req.tokens)}
+
+
+def generation_settings(p: SamplingParams, n_predict: int) -> dict[str, Any]:
+    """A request's sampling as llama-server's `params` object. Samplers Strata does not have
+    appear at their off values: requests can only ask for those (docs/SERVER.md)."""
+    return {
+        "n_predict": n_predict, "max_tokens": n_predict, "seed": -1 if p.seed is None else p.seed,
+        "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+        "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "mirostat": 0, "dynatemp_range": 0.0,
+        "dry_multiplier": 0.0,
+        "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repetition_penalty,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "min_tokens": p.min_tokens, "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
+        "stop": list(p.stop), "ignore_eos": p.ignore_eos, "n_probs": p.top_logprobs, "min_keep": 0, "n_keep": 0,
+        "grammar": p.constraint.kind if p.constraint is not None else "",
+        "samplers": list(SAMPLERS),
+    }
+
+
+def _speculative(core: Any) -> bool:
+    return getattr(core, "draft", None) is not None and getattr(core.opts, "spec", 0) > 0
+
+
+def _model_path(core: Any) -> str:
+    main = getattr(getattr(core, "pack", None), "main", None)
+    return str(main.path) if main is not None else ""
+
+
+def props(core: Any) -> dict[str, Any]:
+    n_ctx = int(core.n_ctx)
+    chat = core.chat
+    return {
+        "default_generation_settings": {
+            "id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": _speculative(core), "is_processing": False,
+            "params": generation_settings(SamplingParams(), -1),  # -1: the rest of the context
+            "prompt": "",
+            "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0},
+        },
+        "total_slots": int(core.parallel),
+        "model_path": _model_path(core),
+        "chat_template": chat.source,
+        "bos_token": chat.bos_token,
+        "eos_token": chat.eos_token,
+        "modalities": {"vision": False, "audio": False},
+        "build_info": f"strata {__version__}",
+        "is_sleeping": False,
+    }
+
+
+def slots(api: "EngineAPI", core: Any) -> list[dict[str, Any]]:
+    """core.slots_info() under llama-server's names, with the request each slot runs (its id as
+    the client got it, its sampling) and Strata's own counts beside them."""
+    running = {h.request.request_id: (task, h.request.params) for h, task in api.live.items()}
+    n_ctx = int(core.n_ctx)
+    out = []
+    for s in core.slots_info():
+        task, params = running.get(s.get("request_id") or "", (-1, None))
+        busy = bool(s["is_processing"])
+        decoded = int(s.get("n_decoded", 0))
+        n_predict = params.max_tokens if params is not None else -1
+        mtp = s.get("mtp") or {}
+        out.append({
+            "id": int(s["id"]), "id_task": task, "n_ctx": n_ctx, "speculative": _speculative(core),
+            "is_processing": busy,
+            "params": generation_settings(params or SamplingParams(), n_predict),
+            "next_token": {"has_next_token": busy, "n_remain": n_predict - decoded if busy and n_predict >= 0 else -1,
+                           "n_decoded": decoded},
+            # Strata's: the request's id as its client got it, its prompt and what reuse spared
+            "request_id": s.get("request_id") or None,
+            "n_prompt_tokens": int(s.get("n_prompt_tokens", 0)),
+            "n_prompt_tokens_cached": int(s.get("n_cached_prompt_tokens", 0)),
+            "mtp": {k: int(mtp.get(k, 0)) for k in ("windows", "drafted", "accepted")},
+        })
+    return out
