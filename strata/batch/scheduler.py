@@ -31,6 +31,8 @@ import numpy as np
 
 from strata.batch.faults import FaultInjector
 from strata.batch.output import TextOutput
+from strata.batch.prefix_cache import BLOCK, PrefixCache
+from strata.batch.prefix_cache import supports as prefix_supports
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
 from strata.logit_adjust import apply_rows, has_adjustments, row_adjust
@@ -55,6 +57,7 @@ class SchedulerConfig:
     # windows (a slot drafts only while it is alone, and speculative sampling draws its
     # randomness differently). Greedy and unseeded requests draft as usual.
     plain_for_seeded: bool = False
+    prefix_cache_bytes: int = 0  # prompt reuse (strata/batch/prefix_cache.py); 0: off
 
 
 FUSED_DRAFTS_ENV = "STRATA_MTP_FUSED"
@@ -125,6 +128,12 @@ class Scheduler:
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.windows = 0
         self.finished = collections.Counter()
+        reusable = all(prefix_supports(sl.cache) for sl in self.slots)
+        self.prefix = PrefixCache(cfg.prefix_cache_bytes if reusable else 0)
+        if cfg.prefix_cache_bytes and not reusable:
+            log("strata batch: prompt reuse is off for this model: its recurrent state cannot be cut at a "
+                "block boundary; every request reports cached_tokens 0")
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache, all requests
 
     # ---- public, thread-safe ------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> RequestHandle:
@@ -334,6 +343,50 @@ class Scheduler:
                 s.mtp_admitted = True
             except Exception as e:
                 self._mtp_fail(s, "admission", e)
+        self._reuse_prefix(s)
+
+    def _draft_cache(self, s: Slot) -> Any:
+        """The slot's draft cache when its draft reads main hiddens (its KV goes with the prefix)."""
+        if s.mtp_admitted and getattr(self.proposer, "wants_hidden", False):
+            return s.draft_cache
+        return None
+
+    def _reuse_prefix(self, s: Slot) -> None:
+        """The longest computed prefix of the prompt comes from the prefix cache (at least one
+        prompt token is left to prefill: its logits give the first output token)."""
+        draft = self._draft_cache(s)
+        limit = len(s.prompt) - 1
+        if draft is not None and self.prefix.match(s.prompt, limit, False) > self.prefix.match(s.prompt, limit, True):
+            # more of the prompt was computed than its draft KV (a neighbour still decoding has
+            # not let its draft catch up): the reuse wins, this request runs without MTP
+            s.mtp_admitted, draft = False, None
+        m, hidden = self.prefix.load(s.prompt, s.cache, draft, limit)
+        if m == 0:
+            return
+        s.n_prefilled = s.cached = m
+        self.cached_tokens += m
+        if draft is not None:
+            s.hidden_pending, s.tokens_pending = [hidden], []
+
+    def _remember_prefix(self, s: Slot) -> None:
+        """What the slot's caches hold of its sequence, kept for later requests."""
+        # every position before the last output token holds that token's KV (the last one is
+        # not in the cache yet, or a rejected draft's is there)
+        tokens = s.history if s.n_generated == 0 else s.history[:-1]
+        try:
+            self.prefix.store(tokens, s.cache, self._draft_cache(s), s.block_hidden)
+        except Exception as e:  # noqa: BLE001 - reuse is an optimisation: the request is not hurt
+            if self.model.b.is_fatal(e):
+                raise
+            self.log(f"strata batch: slot {s.index}: keeping its prefix failed ({type(e).__name__}: {e})")
+
+    def _note_block_ends(self, s: Slot, hidden: Any, start: int, n: int) -> None:
+        """Keep the main hidden at each prefix-cache block's last position that this window
+        computed (a draft resuming after that block reads it); only where a draft reads hiddens."""
+        if self.prefix.budget <= 0 or self._draft_cache(s) is None:
+            return
+        for end in range((start // BLOCK + 1) * BLOCK, start + n + 1, BLOCK):
+            s.block_hidden[end // BLOCK - 1] = hidden[end - 1 - start : end - start].copy()
 
     def _mtp_fail(self, s: Slot, where: str, e: Exception) -> None:
         if s.mtp_failed is None:
@@ -495,7 +548,10 @@ class Scheduler:
         hidden = w.hidden[off : off + n]
         if e.kind == "prefill":
             self._keep_hidden(e.slot, hidden, sp.start, e.tokens)
+            self._note_block_ends(e.slot, hidden, sp.start, n)
             e.slot.n_prefilled += n
+            if not e.slot.prefilling and e.slot.embed_sum is None:
+                self._remember_prefix(e.slot)  # (requests admitted meanwhile reuse it already)
             if e.slot.embed_sum is not None:
                 self._embed_chunk(e.slot, hidden)
             if e.wants_logits:
@@ -652,6 +708,7 @@ class Scheduler:
             return 0
         keep = accepted_tokens  # x_M plus the accepted drafts stay in the cache
         s.cache.truncate(start + keep)
+        self._note_block_ends(s, h, start, keep)
         self._keep_hidden(s, h[:keep], start, e.tokens[:keep])
         return keep
 
@@ -842,6 +899,8 @@ class Scheduler:
                 text_tail = s.output.finish()
             except Exception as e:  # noqa: BLE001 - the request still ends, without its held text
                 self.log(f"strata batch: slot {s.index}: releasing the held text failed ({type(e).__name__}: {e})")
+        if reason in ("stop", "length") and s.embed_sum is None:
+            self._remember_prefix(s)  # the output too: a next turn's prompt starts with it
         h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code, s.cached, embedding))
         self.finished[reason] += 1
         s.reset()

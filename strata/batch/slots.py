@@ -57,6 +57,7 @@ class Slot:
     adjusted: bool = False  # the request changes its logits (strata.logit_adjust)
     cached: int = 0  # prompt tokens whose KV came from the prefix cache
     embed_sum: Any = None  # an embedding request's running sum of final-normed hiddens
+    block_hidden: dict[int, Any] = field(default_factory=dict)  # prefix-cache block -> main hidden at its end
     # draft catch-up: main hiddens h_C..h_{M-1} and tokens x_{C+1}..x_{M-1} not yet seen by the draft
     hidden_pending: list[Any] = field(default_factory=list)
     tokens_pending: list[int] = field(default_factory=list)
@@ -87,6 +88,7 @@ class Slot:
         self.adjusted = False
         self.cached = 0
         self.embed_sum = None
+        self.block_hidden = {}
         self.hidden_pending = []
         self.tokens_pending = []
         self.next_draft = None

@@ -217,7 +217,8 @@ class EngineCore:
                 SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
                                 prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
                                 spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
-                                fused_drafts=fused, plain_for_seeded=auto_mtp),
+                                fused_drafts=fused, plain_for_seeded=auto_mtp,
+                                prefix_cache_bytes=opts.prefix_cache << 20),
                 proposer=proposer, slot_batch_mtp=slot_caps, log=log)
         self._say_kv_room(log)
         return self
@@ -306,6 +307,8 @@ class EngineCore:
                 for s in sch.slots
             ],
             "batch_mtp_fallbacks": dict(sch.fallbacks),
+            "prompt_tokens_cached": sch.cached_tokens,
+            "prefix_cache": sch.prefix.stats(),
             "windows": sch.windows,
             "finished": dict(sch.finished),
             "queue_depth": sch.queue_depth(),

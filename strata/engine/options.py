@@ -164,6 +164,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     g.add_argument("--prefill", type=_prefill, default="auto", help="prefill chunking: auto, auto:N or N tokens per chunk")
     g.add_argument("--max-context", type=_positive_int, default=None, help="context length per sequence (default: the model's)")
     g.add_argument("--kv", choices=("f16", "int8"), default="f16", help="KV cache storage")
+    g.add_argument("--prefix-cache", type=_non_negative_int, default=1024, metavar="MIB",
+                   help="memory for reusing computed prompt prefixes across requests (0: off)")
     g.add_argument("--kv-resident", type=_positive_int, default=None, help="(accepted; see warnings)")
     g.add_argument("--expert-profile", default=None, help="(accepted; see warnings)")
     g.add_argument("--expert-cache", default="auto", help="expert cache policy: auto (all experts resident)")
@@ -222,6 +224,7 @@ class EngineOptions:
     prefill: str = "auto"
     max_context: int | None = None
     kv: str = "f16"
+    prefix_cache: int = 1024  # MiB
     kv_resident: int | None = None
     expert_profile: str | None = None
     expert_cache: str = "auto"

@@ -146,6 +146,34 @@ class KVCache:
         return (k.astype(xp.float32) * self._ks[layer][:, start:end, None],
                 v.astype(xp.float32) * self._vs[layer][:, start:end, None])
 
+    # --- prompt reuse (strata/batch/prefix_cache.py) -----------------------------------------
+    def _compact(self) -> list[list[Any]]:
+        """The per-layer lists that hold what the cache stores (not the CPU's decoded copies)."""
+        return [self._k, self._v] + ([self._ks, self._vs] if self.kind == "int8" else [])
+
+    def export(self, start: int, n: int) -> list[Any]:
+        """Copies of positions [start, start + n) of every layer (k, v and the int8 scales)."""
+        return [arrs[layer][:, start : start + n].copy() for arrs in self._compact() for layer in range(self.n_layer)]
+
+    def load(self, start: int, parts: list[list[Any]]) -> None:
+        """Write consecutive exported pieces from `start` on (one copy per array: the pieces
+        are joined first); the length becomes the end of what was written."""
+        xp = self.xp
+        n = sum(int(p[0].shape[1]) for p in parts)
+        self.ensure(start + n)
+        i = 0
+        for arrs in self._compact():
+            for layer in range(self.n_layer):
+                piece = parts[0][i] if len(parts) == 1 else xp.concatenate([p[i] for p in parts], axis=1)
+                arrs[layer][:, start : start + n] = piece
+                i += 1
+        if self._shadow:
+            for layer in range(self.n_layer):
+                dk, dv = self._decode(layer, start, start + n)
+                self._kd[layer][:, start : start + n] = dk
+                self._vd[layer][:, start : start + n] = dv
+        self.length = start + n
+
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 

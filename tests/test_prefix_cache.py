@@ -1,0 +1,104 @@
+"""Prompt reuse: a prompt that starts with tokens already computed takes their KV from the
+prefix cache, across slots and over time; greedy tokens equal those without reuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.engine.protocol import GenerationRequest, SamplingParams
+from tests.support.engines import collect, load_engine, make_seed_moe
+from tests.support.model_fixtures import default_model_or_skip
+
+SHARED = ("You are a careful assistant. Answer briefly and exactly. " * 12
+          + "Here is the document: the river flows north through three towns, Alder, Birch and Cedar. ")
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def _prompts(core):
+    chat = core.chat
+    return [core.tokenizer.encode(chat.render([{"role": "system", "content": SHARED}, {"role": "user", "content": q}]),
+                                  add_special=True)
+            for q in ("Which town is first?", "How many towns are there?", "Name the last town.")]
+
+
+def _run(core, prompt, params=GREEDY):
+    h = core.submit(GenerationRequest(prompt, params))
+    core.scheduler.run_until_idle()
+    return collect(h)
+
+
+@pytest.mark.parametrize("kv", ["f16", "int8"])
+def test_reuse_over_time_equals_no_reuse(kv):
+    model = str(default_model_or_skip())
+    off, _ = load_engine(["--pack", model, "--device", "cpu", "--kv", kv, "--prefix-cache", "0"])
+    on, _ = load_engine(["--pack", model, "--device", "cpu", "--kv", kv, "--parallel", "2"])
+    prompts = _prompts(on)
+    assert len(prompts[0]) > 150
+    for i, p in enumerate(prompts):
+        want = _run(off, p)
+        got = _run(on, p)
+        assert got[0] == want[0]
+        assert want[2].cached_tokens == 0
+        if i == 0:
+            assert got[2].cached_tokens == 0
+        else:  # the shared system prompt's whole blocks came from the cache
+            assert got[2].cached_tokens >= 128 and got[2].cached_tokens % 64 == 0
+    m = on.metrics()
+    assert m["prompt_tokens_cached"] > 0 and m["prefix_cache"]["hits"] == 2
+    # a repeated prompt reuses all its whole blocks but its last token
+    again = _run(on, prompts[0])
+    assert again[0] == _run(off, prompts[0])[0] and again[2].cached_tokens == (len(prompts[0]) - 1) // 64 * 64
+
+
+def test_reuse_across_slots_while_the_first_decodes():
+    model = str(default_model_or_skip())
+    core, _ = load_engine(["--pack", model, "--device", "cpu", "--parallel", "2"])
+    a, b, _ = _prompts(core)
+    want_b = _run(core, b)[0]
+    core2, _ = load_engine(["--pack", model, "--device", "cpu", "--parallel", "2"])
+    ha = core2.submit(GenerationRequest(a, SamplingParams(max_tokens=30, temperature=0.0)))
+    sch = core2.scheduler
+    while not sch.slots[0].busy or sch.slots[0].prefilling:  # until a's prompt is in the cache
+        sch._admit()
+        sch._guarded_step()
+    assert sch.slots[0].busy  # a is decoding in slot 0: b goes to slot 1
+    hb = core2.submit(GenerationRequest(b, GREEDY))
+    sch.run_until_idle()
+    got_b = collect(hb)
+    assert collect(ha)[2].cached_tokens == 0
+    assert got_b[0] == want_b and got_b[2].cached_tokens >= 128  # slot 1 reused what slot 0 computed
+
+
+def test_bounded_with_eviction():
+    model = str(default_model_or_skip())
+    core, _ = load_engine(["--pack", model, "--device", "cpu", "--prefix-cache", "2"])
+    for p in _prompts(core):
+        _run(core, p + [p[-1]] * 3)
+    st = core.metrics()["prefix_cache"]
+    assert 0 < st["bytes"] <= st["budget_bytes"] == 2 << 20 and st["evicted_blocks"] > 0
+
+
+def test_reuse_with_mtp_drafts_is_lossless(tmp_path_factory):
+    pack = make_seed_moe(tmp_path_factory.mktemp("seed-moe-prefix"))
+    base = ["--pack", str(pack), "--device", "cpu"]
+    plain, _ = load_engine(base + ["--prefix-cache", "0"])
+    spec, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3"])
+    shared = plain.tokenizer.encode("the river flows north through three towns " * 20)
+    prompts = [shared + plain.tokenizer.encode(q) for q in (" first", " second town", " third")]
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    for i, p in enumerate(prompts):
+        got = _run(spec, p, params)
+        assert got[0] == _run(plain, p, params)[0]
+        assert (got[2].cached_tokens > 0) == (i > 0)
+    assert spec.scheduler.slots[0].counters.drafted > 0
+
+
+def test_hybrid_models_say_reuse_is_off(tmp_path):
+    from strata.pack.presets import TINY
+    from strata.pack.synth import synth_pack
+
+    synth_pack(TINY["qwen35moe"], tmp_path, progress=lambda *a: None)
+    core, lines = load_engine(["--pack", str(tmp_path), "--device", "cpu"])
+    assert any("prompt reuse is off for this model" in ln for ln in lines)
+    p = core.tokenizer.encode("hello world " * 80)
+    assert [_run(core, p)[2].cached_tokens for _ in range(2)] == [0, 0]
