@@ -97,8 +97,42 @@ def _flatten_content(content: Any, where: str) -> str:
     raise StrataError(f"{where}: must be a string or a list of text parts, not {type(content).__name__}")
 
 
+def _tool_arguments(arguments: Any, where: str) -> Any:
+    # transformers hands templates the arguments as a mapping (Qwen's and Llama's templates
+    # `tojson` them); OpenAI clients send JSON text, so text holding a JSON object becomes one.
+    if arguments is None:
+        return {}
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    if not isinstance(arguments, str):
+        raise StrataError(f"{where}: must be a JSON string or an object, not {type(arguments).__name__}")
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def _normalize_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """Copies of an assistant turn's tool_calls, arguments as a mapping where they are a JSON object."""
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
+        raise StrataError(f"{where}: must be a list of tool calls")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        function = _require_object(_require_object(call, at).get("function"), f"{at}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise StrataError(f"{at}.function.name: missing or not a string")
+        arguments = _tool_arguments(function.get("arguments", {}), f"{at}.function.arguments")
+        out.append({**call, "function": {**function, "arguments": arguments}})
+    return out
+
+
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Checked copies of the messages with string content; StrataError names a bad field."""
+    """Checked copies of the messages with string content; StrataError names a bad field.
+    Tool turns pass as transformers passes them: an assistant's `tool_calls` (arguments as a
+    mapping when they are a JSON object), and `role: "tool"` results with their content."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
         raise StrataError("messages: must be a list of message objects")
     out = []
@@ -116,6 +150,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             copy["content"] = ""
         else:
             copy["content"] = _flatten_content(content, f"{where}.content")
+        if message.get("tool_calls") is not None:
+            copy["tool_calls"] = _normalize_tool_calls(message["tool_calls"], f"{where}.tool_calls")
         out.append(copy)
     return out
 
