@@ -223,7 +223,7 @@ CASES: list[Case] = [
     chat("seed a float", seed=1.5),
     chat("seed a string", seed="1"),
     chat("n 2", n=2),
-    chat("frequency_penalty 1", frequency_penalty=1),
+    chat("frequency_penalty 3", frequency_penalty=3),
     chat("logprobs a string", logprobs="x"),
     chat("top_logprobs 21", logprobs=True, top_logprobs=21),
     chat("top_logprobs without logprobs", top_logprobs=2),

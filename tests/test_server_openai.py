@@ -103,7 +103,7 @@ def test_stop_string_cuts_the_text(client):
 
 
 def test_client_errors(client, server):
-    with pytest.raises(openai.BadRequestError, match="n = 1"):
+    with pytest.raises(openai.BadRequestError, match="n: only 1"):
         client.chat.completions.create(model="smol", messages=HI, n=2)
     with pytest.raises(openai.NotFoundError, match="nope"):
         client.chat.completions.create(model="nope", messages=HI)

@@ -174,9 +174,11 @@ class _Job:
     usage_trailer: bool = False  # end the stream with usage_trailer() after [DONE] (strata serve asked)
 
 
-def _usage(fin: FinishEvent) -> dict[str, int]:
+def _usage(fin: FinishEvent) -> dict[str, Any]:
+    # (prompt_tokens, completion_tokens first: strata serve reads them for its access log)
     return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-            "total_tokens": fin.prompt_tokens + fin.completion_tokens}
+            "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": fin.cached_tokens}}
 
 
 class EngineAPI:
@@ -270,7 +272,8 @@ class EngineAPI:
         try:
             if isinstance(req, ChatCompletionRequest):
                 self.limits.refuse_if_cannot_fit([m.text() for m in req.messages], n_ctx, "messages")
-                text = core.chat.render(req.message_dicts(), add_generation_prompt=True)
+                text = core.chat.render(req.message_dicts(), add_generation_prompt=True,
+                                        **(req.chat_template_kwargs or {}))
                 return list(tok.encode(text, add_special=True)), ""
             prompt = req.single_prompt()
             if isinstance(prompt, str):
@@ -295,6 +298,11 @@ class EngineAPI:
             logprobs, top = req.logprobs is not None, (req.logprobs or 0)
         room = n_ctx - len(ids)
         max_tokens = room if requested is None else min(requested, room)
+        if req.min_tokens is not None and req.min_tokens > max_tokens:
+            raise invalid(f"min_tokens: {req.min_tokens} is more than the {max_tokens} tokens this request may "
+                          f"generate (max_tokens, or the room left in the context)", param="min_tokens")
+        if req.logit_bias:
+            self.limits.check_ids(sorted(req.logit_bias), "logit_bias", keyed=True)
         params = req.sampling(max_tokens, logprobs=logprobs, top_logprobs=top)
         if self.max_queued is not None and core.queue_depth() >= self.max_queued:
             raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
@@ -338,7 +346,7 @@ class EngineAPI:
 
     # ------------------------------------------------------------ responses
     def _outcome(self, endpoint: str, fin: FinishEvent, job: _Job) -> None:
-        self.metrics.finished(endpoint, fin.reason, fin.prompt_tokens, fin.completion_tokens)
+        self.metrics.finished(endpoint, fin.reason, fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
         if job.access is not None:
             job.access.set(fin.prompt_tokens, fin.completion_tokens)
 

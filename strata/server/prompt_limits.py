@@ -36,13 +36,15 @@ class PromptLimits:
             longest = max(MIN_TOKEN_BYTES, max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)))
         return cls(vocab, longest)
 
-    def check_ids(self, ids: Sequence[int], param: str) -> None:
-        """400 naming the first id outside the vocabulary (`prompt[1]`)."""
+    def check_ids(self, ids: Sequence[int], param: str, keyed: bool = False) -> None:
+        """400 naming the first id outside the vocabulary: by its place (`prompt[1]`), or, for
+        the keys of a table (`keyed`: logit_bias), by the field alone."""
         if self.vocab_size is None or not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
             return
         i = next(i for i, t in enumerate(ids) if not 0 <= t < self.vocab_size)
-        raise invalid(f"{param}[{i}]: token id {ids[i]} is out of range for a vocabulary of {self.vocab_size} tokens",
-                      param=f"{param}[{i}]")
+        where = param if keyed else f"{param}[{i}]"
+        raise invalid(f"{where}: token id {ids[i]} is out of range for a vocabulary of {self.vocab_size} tokens",
+                      param=where)
 
     def fewest_tokens(self, n_bytes: int) -> int:
         """A lower bound on the tokens of a text of n_bytes (0 when unknown)."""

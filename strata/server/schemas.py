@@ -2,8 +2,9 @@
 
 Validation errors become one 400 that names the field (`messages[0].content: ...`).
 Numbers are strict (a string "5" is not a number) so wrong types are rejected the way
-OpenAI rejects them. Fields we do not act on are either ignored (harmless: `user`) or
-rejected with a clear message when they would change the result (`tools`, `n` != 1).
+OpenAI rejects them. No field is ignored: the fields Strata acts on are the models' own; the
+others are in strata/server/field_policy.py's tables (accepted because they change nothing, or
+only at their off values); any other field is refused as unknown.
 
 Every field is bounded here, at the edge (the LIMITS below), so nothing a body holds reaches
 the engine's thread in a shape it cannot take: no NaN or infinity, no integer past its range,
@@ -13,12 +14,14 @@ vocabulary by the engine's API (it knows the vocabulary; this module does not).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal, Union
+import math
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from strata.engine.protocol import SamplingParams
-from strata.engine.sampling_bounds import SAMPLING_BOUNDS
+from strata.engine.sampling_bounds import MAX_TOKENS, SAMPLING_BOUNDS, Bound
+from strata.server import field_policy, logit_bias
 from strata.server.errors import APIError, invalid
 from strata.server.strict_json import parse_json_object  # noqa: F401 - the routes' body parser
 
@@ -31,18 +34,16 @@ MAX_PROMPT_IDS = 1 << 21  # more than any context; a longer prompt is refused be
 MAX_NAME_CHARS = 256  # model, user, name
 SEED_RANDOM = -1  # llama-server's "pick a random seed"
 SEED_LIMIT = 1 << 64  # numpy takes any seed in [0, 2**64) the same way on every platform
+UNLIMITED = -1  # llama-server's max_tokens / n_predict for "until the context is full"
+MAX_TOOL_CALLS = 128  # per assistant message
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 63)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
-class _Strict(BaseModel):
-    # allow_inf_nan=False: 1e400 parses to inf; no field means anything by it
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-
 class Strict(BaseModel):
-    """A request body whose every field is known: an unknown one is a 400 naming it."""
+    """A request body whose every field is known: an unknown one is a 400 naming it.
+    (allow_inf_nan=False: 1e400 parses to inf; no field means anything by it)"""
 
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
@@ -56,22 +57,46 @@ def _refuse_unless(ok: Callable[[Any], bool], message: str):
     return check
 
 
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class OtherPart(_Strict):
+class OtherPart(Strict):
     """Any non-text content part: accepted by the parser, refused with a clear message."""
 
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     type: str
 
 
-class ChatMessage(_Strict):
+class FunctionCall(Strict):
+    name: Name
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    """A tool call of an earlier assistant turn, sent back with the conversation."""
+
+    id: Name
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[Union[TextPart, OtherPart]], None] = None
     name: Name | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None  # an assistant's
+    tool_call_id: Name | None = None  # a tool result's: the call it answers
+    reasoning_content: str | None = None  # a reasoning model's earlier thinking, for templates that show it
+    refusal: str | None = None  # OpenAI's answers carry it; only null is taken back
+    audio: Any = None
+    function_call: Any = None
+
+    _no_refusal = field_validator("refusal")(_refuse_unless(lambda v: v is None, "only null is supported"))
+    _no_audio = field_validator("audio")(_refuse_unless(lambda v: v is None, "only null is supported (text only)"))
+    _no_function_call = field_validator("function_call")(
+        _refuse_unless(lambda v: v is None, "only null is supported (use tool_calls)"))
 
     @field_validator("content")
     @classmethod
@@ -90,14 +115,38 @@ class ChatMessage(_Strict):
             return self.content
         return "\n".join(p.text for p in self.content)
 
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates take it (transformers' shape): string content, and the
+        tool fields when given."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return out
 
-class StreamOptions(_Strict):
+
+class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool = False  # padding against length side channels: none is sent, nothing changes
+
+
+# the ranges of the request fields `strata generate` has no flags for, beside the shared ones
+REQUEST_BOUNDS: dict[str, Bound] = {
+    **SAMPLING_BOUNDS,
+    "frequency_penalty": Bound(-2.0, 2.0),
+    "presence_penalty": Bound(-2.0, 2.0),
+    "repetition_penalty": Bound(0.0, math.inf, low_open=True),
+    "repeat_last_n": Bound(-1, MAX_TOKENS, whole=True),
+    "min_tokens": Bound(0, MAX_TOKENS, whole=True),
+}
 
 
 def _bounded(kind: type, name: str):
-    """A field type in the range SAMPLING_BOUNDS gives `name` (shared with `strata generate`)."""
-    return Annotated[kind, Field(**SAMPLING_BOUNDS[name].field())]
+    """A field type in the range REQUEST_BOUNDS gives `name` (SAMPLING_BOUNDS' are shared with
+    `strata generate`)."""
+    return Annotated[kind, Field(**REQUEST_BOUNDS[name].field())]
 
 
 MaxTokens = _bounded(int, "max_tokens")
@@ -105,10 +154,27 @@ Temperature = _bounded(float, "temperature")
 TopP = _bounded(float, "top_p")
 TopK = _bounded(int, "top_k")
 MinP = _bounded(float, "min_p")
+Penalty = _bounded(float, "frequency_penalty")
+RepetitionPenalty = _bounded(float, "repetition_penalty")
+RepeatLastN = _bounded(int, "repeat_last_n")
+MinTokens = _bounded(int, "min_tokens")
+
+# template variables a request's chat_template_kwargs may not set: the server sets them
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
-class _Sampling(_Strict):
+def _unlimited_to_context(v):
+    # llama-server's -1 ("until the context is full"); the engine API cuts it to the room left
+    return MAX_TOKENS if v == UNLIMITED and type(v) is int else v
+
+
+class _Sampling(Strict):
     """Fields shared by chat and completions requests."""
+
+    # other spellings of a field: alias -> the field (llama-server's names)
+    aliases: ClassVar[dict[str, str]] = {"repeat_penalty": "repetition_penalty", "n_predict": "max_tokens"}
+    # the fields not acted on (field_policy.py); each route's own table
+    field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.SHARED
 
     model: Name | None = None
     stream: bool = False
@@ -121,15 +187,20 @@ class _Sampling(_Strict):
     top_k: TopK = 0
     min_p: MinP = 0.0
     seed: int | None = None
-    n: int = 1
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
     ignore_eos: bool = False
-    user: Name | None = None
+    logit_bias: Any = None  # {"id": bias} or [[id, bias]] -> {id: bias} (strata/server/logit_bias.py)
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    repeat_last_n: RepeatLastN | None = None
+    min_tokens: MinTokens | None = None
 
-    _one_choice = field_validator("n")(_refuse_unless(lambda v: v == 1, "only n = 1 is supported"))
-    _no_penalties = field_validator("frequency_penalty", "presence_penalty")(
-        _refuse_unless(lambda v: v == 0, "penalties are not supported (only 0)"))
+    _unlimited = field_validator("max_tokens", mode="before")(lambda cls, v: _unlimited_to_context(v))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_table(cls, v):
+        return None if v is None else logit_bias.parse(v)
 
     @field_validator("seed")
     @classmethod
@@ -157,24 +228,48 @@ class _Sampling(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling(self, max_tokens: int, *, logprobs: bool, top_logprobs: int) -> SamplingParams:
+        """The engine's parameters; a field left out (or null) keeps SamplingParams' default."""
+        given = {name: getattr(self, name) for name in ("frequency_penalty", "presence_penalty",
+                                                        "repetition_penalty", "repeat_last_n", "min_tokens")
+                 if getattr(self, name) is not None}
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, seed=self.seed, stop=self.stop_list(), ignore_eos=self.ignore_eos,
-            logprobs=logprobs, top_logprobs=top_logprobs)
+            logprobs=logprobs, top_logprobs=top_logprobs, logit_bias=dict(self.logit_bias or {}), **given)
+
+
+def _not_yet(what: str):
+    return _refuse_unless(lambda v: not v, f"{what} are not supported yet")
 
 
 class ChatCompletionRequest(_Sampling):
+    field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.CHAT
+
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
-    _no_tools = field_validator("tools")(_refuse_unless(lambda v: not v, "tools are not supported"))
+    _unlimited_completion = field_validator("max_completion_tokens", mode="before")(
+        lambda cls, v: _unlimited_to_context(v))
+    _no_tools = field_validator("tools")(_not_yet("tools"))
+    _no_tool_choice = field_validator("tool_choice")(_refuse_unless(
+        lambda v: v in (None, "none", "auto"), "only 'none' or 'auto' is supported without tools"))
     _text_format = field_validator("response_format")(_refuse_unless(
         lambda v: v is None or v.get("type", "text") == "text", "only response_format type 'text' is supported"))
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _own_variables(cls, v):
+        taken = sorted(RESERVED_TEMPLATE_VARS & set(v or ()))
+        if taken:
+            raise ValueError(f"{taken[0]!r} is set by the server, not by a request")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod
@@ -187,8 +282,8 @@ class ChatCompletionRequest(_Sampling):
         # max_completion_tokens is the newer name; it wins when both are given
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def message_dicts(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.as_template_input() for m in self.messages]
 
 
 PromptIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)]
@@ -196,14 +291,15 @@ PromptType = Union[str, list[str], PromptIds, list[PromptIds]]
 
 
 class CompletionRequest(_Sampling):
+    field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.COMPLETIONS
+
     prompt: PromptType
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    response_format: dict[str, Any] | None = None
 
-    _no_suffix = field_validator("suffix")(_refuse_unless(lambda v: not v, "suffix is not supported"))
-    _best_of_one = field_validator("best_of")(_refuse_unless(lambda v: v in (None, 1), "only best_of = 1 is supported"))
+    _text_format = field_validator("response_format")(_refuse_unless(
+        lambda v: v is None or v.get("type", "text") == "text", "only response_format type 'text' is supported"))
 
     @field_validator("prompt")
     @classmethod
@@ -246,10 +342,14 @@ def _pick_error(errors: list[dict]) -> dict:
     return max(errors, key=lambda e: (not e["type"].endswith("_type"), len(e["loc"])))
 
 
-def _format_validation(err: ValidationError) -> APIError:
+def _format_validation(err: ValidationError, spelled: dict[str, str] | None = None) -> APIError:
+    """One 400 naming the field as the client spelled it (`spelled`: field -> the alias given)."""
     errors = err.errors(include_url=False)
     e = _pick_error(errors) if len(errors) > 1 else errors[0]
-    path = _field_path(tuple(e["loc"]))
+    loc = tuple(e["loc"])
+    if loc and spelled and loc[0] in spelled:
+        loc = (spelled[loc[0]], *loc[1:])
+    path = _field_path(loc)
     msg = e["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
@@ -265,11 +365,28 @@ def parse_request(model: type[BaseModel], raw: bytes):
     return validate(model, parse_json_object(raw))
 
 
+def _unalias(data: dict[str, Any], aliases: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(data with each alias under its field's name, field -> the alias the client used)."""
+    spelled: dict[str, str] = {}
+    for alias, name in aliases.items():
+        if alias not in data:
+            continue
+        if name in data and data[name] != data[alias]:
+            raise invalid(f"{alias}: {name} is given too, with another value; give one of them", param=alias)
+        data = {k: v for k, v in data.items() if k != alias} | {name: data[alias]}
+        spelled[name] = alias
+    return data, spelled
+
+
 def validate(model: type[BaseModel], data: dict[str, Any]):
+    rules = getattr(model, "field_rules", None)
+    if rules:
+        data = field_policy.apply(data, rules)
+    data, spelled = _unalias(data, getattr(model, "aliases", {}))
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise _format_validation(e) from None
+        raise _format_validation(e, spelled) from None
 
 
 # route path -> request model (shared by the engine app and the serve proxy)
