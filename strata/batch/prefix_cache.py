@@ -8,7 +8,8 @@ slot's MTP draft had caught up that far, the draft's), so it outlives the slot a
 slot later: reuse across slots and over time costs one device copy per layer and block
 instead of a prefill.
 
-Bounded by bytes: least recently used blocks go first. A lookup touches the blocks it
+Bounded by bytes: least recently used blocks go first. (Blocks stored together are views of
+one copy, whose memory goes back when its last block goes: the bound counts blocks kept.) A lookup touches the blocks it
 matched deepest first, so a chain's root is the most recent and its leaves are evicted
 before it (an evicted parent would make its children unreachable).
 
@@ -70,24 +71,32 @@ class PrefixCache:
             return
         n = min(len(tokens), cache.length) // BLOCK
         keys = self._keys(tokens, n)
-        for i, k in enumerate(keys):
-            end = (i + 1) * BLOCK
-            has_draft = draft is not None and supports(draft) and draft.length >= end
+        can_draft = draft is not None and supports(draft)
+        for i, k in enumerate(keys):  # known blocks learn what they lacked
             blk = self.blocks.get(k)
-            if blk is not None and blk.last_hidden is None and hiddens and i in hiddens:
+            if blk is None:
+                continue
+            if blk.last_hidden is None and hiddens and i in hiddens:
                 blk.last_hidden = hiddens[i]
                 self._grew(blk, int(blk.last_hidden.nbytes))
-            if blk is not None:
-                if blk.draft is None and has_draft:
-                    blk.draft = draft.export(i * BLOCK, BLOCK)
-                    self._grew(blk, _bytes(blk.draft))
-                continue
-            main = cache.export(i * BLOCK, BLOCK)
-            d = draft.export(i * BLOCK, BLOCK) if has_draft else None
-            hid = hiddens.get(i) if hiddens else None
-            blk = _Block(main, d, 0, hid)
-            self.blocks[k] = blk
-            self._grew(blk, _bytes(main) + (_bytes(d) if d is not None else 0) + (int(hid.nbytes) if hid is not None else 0))
+            if blk.draft is None and can_draft and draft.length >= (i + 1) * BLOCK:
+                blk.draft = _cut(draft.export(i * BLOCK, BLOCK), 1)[0]
+                self._grew(blk, _bytes(blk.draft))
+        new = [i for i, k in enumerate(keys) if k not in self.blocks]
+        # new blocks are copied out in runs of consecutive ones: one copy per layer and array
+        # for a run (a 4k-token prompt's 64 blocks cost 2 x layers copies, not 64 times that);
+        # the blocks of a run are views of that copy
+        for lo, hi in _runs(new):
+            main = _cut(cache.export(lo * BLOCK, (hi - lo) * BLOCK), hi - lo)
+            d_hi = min(hi, draft.length // BLOCK) if can_draft else lo
+            dr = _cut(draft.export(lo * BLOCK, (d_hi - lo) * BLOCK), d_hi - lo) if d_hi > lo else []
+            for j, i in enumerate(range(lo, hi)):
+                hid = hiddens.get(i) if hiddens else None
+                d = dr[j] if j < len(dr) else None
+                blk = _Block(main[j], d, 0, hid)
+                self.blocks[keys[i]] = blk
+                self._grew(blk, _bytes(main[j]) + (_bytes(d) if d is not None else 0)
+                           + (int(hid.nbytes) if hid is not None else 0))
         self._touch(keys)
         self._evict()
 
@@ -153,6 +162,22 @@ class PrefixCache:
     def stats(self) -> dict:
         return {"blocks": len(self.blocks), "bytes": self.nbytes, "budget_bytes": self.budget,
                 "hits": self.hits, "misses": self.misses, "evicted_blocks": self.evicted, "block_tokens": BLOCK}
+
+
+def _runs(idx: list[int]) -> list[tuple[int, int]]:
+    """[lo, hi) runs of consecutive block indices."""
+    out: list[tuple[int, int]] = []
+    for i in idx:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def _cut(parts: list[Any], n_blocks: int) -> list[list[Any]]:
+    """An export of n_blocks consecutive blocks as n_blocks exports of one block (views)."""
+    return [[p[:, j * BLOCK : (j + 1) * BLOCK] for p in parts] for j in range(n_blocks)]
 
 
 def _bytes(arrays: list[Any]) -> int:

@@ -550,12 +550,12 @@ class Scheduler:
             self._keep_hidden(e.slot, hidden, sp.start, e.tokens)
             self._note_block_ends(e.slot, hidden, sp.start, n)
             e.slot.n_prefilled += n
-            if not e.slot.prefilling and e.slot.embed_sum is None:
-                self._remember_prefix(e.slot)  # (requests admitted meanwhile reuse it already)
             if e.slot.embed_sum is not None:
                 self._embed_chunk(e.slot, hidden)
             if e.wants_logits:
                 self._accept(e.slot, [], [], w.logits[li : li + 1])
+                if e.slot.busy:  # after the first token (off its time to first token)
+                    self._remember_prefix(e.slot)  # (requests admitted meanwhile reuse it already)
             return
         keep = self._after_decode(e, hidden, sp.start, w.logits[li : li + n])
         if e.slot.index in w.fuse_at:
