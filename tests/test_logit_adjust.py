@@ -133,6 +133,7 @@ def test_mtp_greedy_with_adjustments_equals_plain(moe, batch_mtp):
     assert sum(s.counters.drafted for s in spec.scheduler.slots) > 0
 
 
+@pytest.mark.slow  # 12 s on 2 cores: a chi-square over many sampled windows
 def test_sampling_with_drafts_keeps_the_adjusted_distribution(moe):
     """As test_mtp_sampling's exact joint of the first two tokens, with logit_bias and
     penalties: the verifier's target is the adjusted distribution."""

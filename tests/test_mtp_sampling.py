@@ -62,7 +62,8 @@ def test_rejection_sampling_keeps_target_distribution():
     assert chi2_p_value(joint.reshape(-1), np.outer(p0, p1).reshape(-1)) > 1e-3
 
 
-@pytest.fixture(scope="module", params=["seed-moe", "qwen35moe"])
+# seed-moe (12 s on 2 cores) runs with -m slow; the hybrid one, which also cuts recurrent state, always
+@pytest.fixture(scope="module", params=[pytest.param("seed-moe", marks=pytest.mark.slow), "qwen35moe"])
 def pack(request, tmp_path_factory):
     """The seed-moe preset (qwen3moe), and the tiny hybrid qwen35moe: drafts rejected there are
     cut back inside the window in the recurrent state as well as in the KV cache."""

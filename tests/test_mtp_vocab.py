@@ -76,6 +76,7 @@ def test_a_bad_vocabulary_is_one_clear_line(tmp_path, ids, why):
     assert f"{bad}: {VOCAB_TENSOR}: expected" in str(e.value) and why in str(e.value)
 
 
+@pytest.mark.slow  # 13 s on 2 cores; the shipped narrowed draft is checked lossless in test_mtp_defaults
 def test_narrowed_head_drafts_only_its_tokens_and_is_lossless(vocab_draft):
     plain = load_core(None, None, 0)
     prompts = [chat_ids(plain, t) for t in TEXTS]

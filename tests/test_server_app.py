@@ -36,7 +36,7 @@ class ScriptedTokenizer:
 
 
 class ScriptedChat:
-    def render(self, messages, add_generation_prompt=True):
+    def render(self, messages, add_generation_prompt=True, tools=None):
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
@@ -158,7 +158,8 @@ def test_loading_then_ready(running):
     assert body["choices"][0]["message"]["content"] == REPLY  # the held-back tail is appended
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": len("<user>hi<assistant>") + 1, "completion_tokens": len(REPLY),
-                             "total_tokens": len("<user>hi<assistant>") + 1 + len(REPLY)}
+                             "total_tokens": len("<user>hi<assistant>") + 1 + len(REPLY),
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_stream_carries_tail_finish_and_usage(running):

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from support.server_proc import metric, start_serve, wait_until
+from support.server_proc import metric, openai_client, serving, wait_until
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -30,17 +30,13 @@ HI = [{"role": "user", "content": "Name three colors."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    p = start_serve(tmp_path_factory.mktemp("serve"), CONFIG)
-    try:
-        p.wait_healthy()
+    with serving(tmp_path_factory.mktemp("serve"), CONFIG) as p:
         yield p
-    finally:
-        p.kill_tree()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(server, KEY)
 
 
 def post(server, path: str, body, headers=None, timeout: float = 120) -> httpx.Response:

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from support.server_proc import metric, start_serve, wait_until
+from support.server_proc import metric, openai_client, serving, wait_until
 
 KEY = "routes-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -22,18 +22,14 @@ VOCAB = 49152
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    p = start_serve(tmp_path_factory.mktemp("routes"), {"parallel": 2, "api_key": KEY, "model": "smol",
-                                                        "args": ["--max-context", str(N_CTX)]})
-    try:
-        p.wait_healthy()
+    with serving(tmp_path_factory.mktemp("routes"), {"parallel": 2, "api_key": KEY, "model": "smol",
+                                                  "args": ["--max-context", str(N_CTX)]}) as p:
         yield p
-    finally:
-        p.kill_tree()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(server, KEY)
 
 
 def post(server, path: str, body, headers=None) -> httpx.Response:

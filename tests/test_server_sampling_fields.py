@@ -16,9 +16,8 @@ import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
-from strata.server import field_policy
 from strata.server.schemas import ChatCompletionRequest, CompletionRequest
-from support.server_proc import metric, start_serve
+from support.server_proc import metric, openai_client, serving
 
 KEY = "fields-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -61,18 +60,14 @@ def test_every_field_of_openais_request_and_llama_servers_is_known_and_documente
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    p = start_serve(tmp_path_factory.mktemp("fields"), {"parallel": 2, "api_key": KEY, "model": "smol",
-                                                        "args": ["--max-context", "512"]})
-    try:
-        p.wait_healthy()
+    with serving(tmp_path_factory.mktemp("fields"), {"parallel": 2, "api_key": KEY, "model": "smol",
+                                                  "args": ["--max-context", "512"]}) as p:
         yield p
-    finally:
-        p.kill_tree()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(server, KEY)
 
 
 def post(server, path: str, body) -> httpx.Response:
@@ -96,7 +91,7 @@ COMPLETION = {"prompt": "Hi", "max_tokens": 1}
 REFUSED = [("n", 2), ("typical_p", 0.5), ("mirostat", 2), ("dynatemp_range", 0.5), ("xtc_probability", 0.5),
            ("dry_multiplier", 0.8), ("top_n_sigma", 1.0), ("min_keep", 3), ("n_probs", 5), ("n_cmpl", 2),
            ("id_slot", 1), ("t_max_predict_ms", 100), ("n_indent", 2), ("samplers", ["top_k"]),
-           ("grammar", "root ::= \"a\""), ("json_schema", {"type": "object"}), ("lora", [{"id": 0, "scale": 1}]),
+           ("grammar", "root ::= \"a\""), ("lora", [{"id": 0, "scale": 1}]),
            ("timings_per_token", True), ("return_tokens", True), ("return_progress", True),
            ("post_sampling_probs", True), ("response_fields", ["content"]),
            ("user", 5), ("metadata", {"k": 5}), ("store", "yes"), ("cache_prompt", 1), ("n_keep", -5),

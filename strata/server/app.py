@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
-from strata.server import embeddings, llama_routes, sse
+from strata.server import embeddings, llama_routes, sse, tool_use
 from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer,
                                   install_error_handlers, read_body, wait_for_disconnect)
 from strata.server.edge import EdgeMiddleware, EdgePolicy
@@ -35,6 +35,7 @@ from strata.server.errors import APIError, invalid
 from strata.server.events import core_batches, core_events
 from strata.server.metrics import CONTENT_TYPE, EngineMetrics
 from strata.server.prompt_limits import PromptLimits, overflow
+from strata.server.tool_use import OutputPlan
 from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
                                    CompletionRequest, check_model_name, parse_request)
 
@@ -172,6 +173,7 @@ class _Job:
     text_chunk: Callable[[str], bytes] | None = None  # the stream's text-only chunk (sse.Template)
     access: AccessRecord | None = None  # the access log's record of this request
     usage_trailer: bool = False  # end the stream with usage_trailer() after [DONE] (strata serve asked)
+    parser: Any = None  # the output's tool-call parser (strata.text.tool_calls), when tools were shown
 
 
 def _usage(fin: FinishEvent) -> dict[str, Any]:
@@ -264,29 +266,32 @@ class EngineAPI:
         return self.core
 
     # ------------------------------------------------------------ building requests
-    def _prompt_ids(self, core, req) -> tuple[list[int], str]:
-        """Token ids of the prompt, and the text to echo (completions with echo). Runs on the
-        preparer's threads: templating and tokenizing a big prompt take seconds of CPU."""
+    def _prompt_ids(self, core, req) -> tuple[list[int], str, OutputPlan]:
+        """Token ids of the prompt, the text to echo (completions with echo), and what the output
+        is held to. Runs on the preparer's threads: templating and tokenizing a big prompt take
+        seconds of CPU."""
         tok = core.tokenizer
         n_ctx = int(core.n_ctx)
-        try:
-            if isinstance(req, ChatCompletionRequest):
-                self.limits.refuse_if_cannot_fit([m.text() for m in req.messages], n_ctx, "messages")
-                text = core.chat.render(req.message_dicts(), add_generation_prompt=True,
+        if isinstance(req, ChatCompletionRequest):
+            self.limits.refuse_if_cannot_fit([m.text() for m in req.messages], n_ctx, "messages")
+            messages, tools, plan = tool_use.plan_chat(core, req, req.message_dicts())
+            try:
+                text = core.chat.render(messages, add_generation_prompt=True, tools=tools,
                                         **(req.chat_template_kwargs or {}))
-                return list(tok.encode(text, add_special=True)), ""
-            prompt = req.single_prompt()
-            if isinstance(prompt, str):
-                self.limits.refuse_if_cannot_fit([prompt], n_ctx, "prompt")
-                return list(tok.encode(prompt, add_special=True, parse_special=True)), prompt
-            if len(prompt) >= n_ctx:
-                raise overflow(len(prompt), n_ctx, "prompt")
-            self.limits.check_ids(prompt, "prompt" if prompt is req.prompt else "prompt[0]")
-            return list(prompt), tok.decode(prompt) if req.echo else ""
-        except StrataError as e:
-            raise invalid(e.message, param="messages" if isinstance(req, ChatCompletionRequest) else "prompt") from None
+            except StrataError as e:
+                raise invalid(e.message, param="messages") from None
+            return list(tok.encode(text, add_special=True)), "", plan
+        plan = tool_use.plan_completion(req)
+        prompt = req.single_prompt()
+        if isinstance(prompt, str):
+            self.limits.refuse_if_cannot_fit([prompt], n_ctx, "prompt")
+            return list(tok.encode(prompt, add_special=True, parse_special=True)), prompt, plan
+        if len(prompt) >= n_ctx:
+            raise overflow(len(prompt), n_ctx, "prompt")
+        self.limits.check_ids(prompt, "prompt" if prompt is req.prompt else "prompt[0]")
+        return list(prompt), tok.decode(prompt) if req.echo else "", plan
 
-    def _submit(self, core, req, kind: str, ids: list[int], echo_text: str) -> _Job:
+    def _submit(self, core, req, kind: str, ids: list[int], echo_text: str, plan: OutputPlan) -> _Job:
         n_ctx = int(core.n_ctx)
         if len(ids) >= n_ctx:
             raise overflow(len(ids), n_ctx)
@@ -304,6 +309,7 @@ class EngineAPI:
         if req.logit_bias:
             self.limits.check_ids(sorted(req.logit_bias), "logit_bias", keyed=True)
         params = req.sampling(max_tokens, logprobs=logprobs, top_logprobs=top)
+        params.constraint = plan.constraint
         if self.max_queued is not None and core.queue_depth() >= self.max_queued:
             raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
                            code="queue_full")
@@ -317,7 +323,7 @@ class EngineAPI:
                 raise overflow(e.n_prompt_tokens, getattr(e, "n_ctx", n_ctx)) from None
             raise invalid(e.message) from None
         return _Job(kind, handle, len(ids), logprobs, top, req.include_usage(),
-                    echo_text=echo_text if getattr(req, "echo", False) else "", id=job_id)
+                    echo_text=echo_text if getattr(req, "echo", False) else "", id=job_id, parser=plan.parser())
 
     # ------------------------------------------------------------ logprobs in both formats
     def _token_str(self, token_id: int) -> tuple[str, list[int]]:
@@ -384,9 +390,10 @@ class EngineAPI:
             raise err
         text = "".join(texts) + fin.text_tail
         if job.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+            message, finish = _message(job, text, fin.reason)
+            choice = {"index": 0, "message": message,
                       "logprobs": {"content": [self._chat_logprob(t) for t in tokens]} if job.logprobs else None,
-                      "finish_reason": fin.reason}
+                      "finish_reason": finish}
             body = {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": job.created,
                     "model": self.model_name, "choices": [choice], "usage": _usage(fin)}
         else:
@@ -398,17 +405,19 @@ class EngineAPI:
         return JSONResponse(body)
 
     def _chunk(self, job: _Job, delta_text: str | None, finish: str | None, lp: list[TokenEvent],
-               role: bool = False) -> bytes:
-        return sse.event(self._chunk_object(job, delta_text, finish, lp, role))
+               role: bool = False, tool_call: dict[str, Any] | None = None) -> bytes:
+        return sse.event(self._chunk_object(job, delta_text, finish, lp, role, tool_call))
 
     def _chunk_object(self, job: _Job, delta_text: str | None, finish: str | None, lp: list[TokenEvent],
-                      role: bool = False) -> dict[str, Any]:
+                      role: bool = False, tool_call: dict[str, Any] | None = None) -> dict[str, Any]:
         if job.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if delta_text is not None:
                 delta["content"] = delta_text
+            if tool_call is not None:
+                delta["tool_calls"] = [tool_call]
             choice = {"index": 0, "delta": delta,
                       "logprobs": {"content": [self._chat_logprob(t) for t in lp]} if lp else None,
                       "finish_reason": finish}
@@ -448,7 +457,9 @@ class EngineAPI:
                         break
                     if job.logprobs:
                         pending_lp.append(ev)
-                    if ev.text:
+                    if ev.text and job.parser is not None:
+                        pending_lp = self._parsed_chunks(job, job.parser.feed(ev.text), pending_lp, out)
+                    elif ev.text:
                         out.append(self._chunk(job, ev.text, None, pending_lp) if pending_lp
                                    else self._text_chunk(job, ev.text))
                         pending_lp = []
@@ -467,10 +478,16 @@ class EngineAPI:
         err = self.ended_error(fin)
         if err is not None:
             return sse.error_and_done(err.message, err.type, err.code) + trailer
-        out = []
-        if fin.text_tail or pending_lp:
+        out: list[bytes] = []
+        finish = fin.reason
+        if job.parser is not None:
+            pending_lp = self._parsed_chunks(job, job.parser.feed(fin.text_tail) + job.parser.finish(), pending_lp, out)
+            finish = "tool_calls" if job.parser.calls else finish
+            if pending_lp:
+                out.append(self._chunk(job, "", None, pending_lp))
+        elif fin.text_tail or pending_lp:
             out.append(self._chunk(job, fin.text_tail, None, pending_lp))
-        out.append(self._chunk(job, None if job.kind == "chat" else "", fin.reason, []))
+        out.append(self._chunk(job, None if job.kind == "chat" else "", finish, []))
         if job.include_usage:
             usage_obj = {"id": f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{job.id}",
                          "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
@@ -480,6 +497,21 @@ class EngineAPI:
         out.append(sse.DONE)
         out.append(trailer)
         return b"".join(out)
+
+    def _parsed_chunks(self, job: _Job, deltas: list, lp: list[TokenEvent], out: list[bytes]) -> list[TokenEvent]:
+        """The parser's deltas as chunks onto `out`: content as content, a call as OpenAI streams
+        one (its index, id, type and name first, then its arguments). Returns the logprobs still
+        waiting for a chunk to ride on (the parser may hold text back)."""
+        for d in deltas:
+            if d.content is not None:
+                out.append(self._chunk(job, d.content, None, lp))
+            else:
+                head = {"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+                out.append(self._chunk(job, None, None, lp, tool_call=head))
+                out.append(self._chunk(job, None, None, [], tool_call={"index": d.index,
+                                                                        "function": {"arguments": d.arguments}}))
+            lp = []
+        return lp
 
     def _release_job(self, job: _Job):
         async def release() -> None:
@@ -494,8 +526,11 @@ class EngineAPI:
         core = self.ready_core()
         self.check_model(req.model)
         try:
-            ids, echo_text = await self.preparer.run(len(raw), self._prompt_ids, core, req)
-            job = self._submit(core, req, "chat" if model_cls is ChatCompletionRequest else "completion", ids, echo_text)
+            ids, echo_text, plan = await self.preparer.run(len(raw), self._prompt_ids, core, req)
+            if plan.constraint is not None:
+                await self.preparer.off_loop(tool_use.check_constraint, core, plan)
+            kind = "chat" if model_cls is ChatCompletionRequest else "completion"
+            job = self._submit(core, req, kind, ids, echo_text, plan)
         except APIError as e:
             self.metrics.finished(endpoint, "rejected")
             raise e
@@ -587,6 +622,22 @@ class EngineAPI:
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "strata",
                 "meta": {"n_ctx": int(self.core.n_ctx), "parallel": int(self.core.parallel)}}
+
+
+def _message(job: _Job, text: str, reason: str) -> tuple[dict[str, Any], str]:
+    """(the assistant message, the finish reason) of a whole answer: with tools shown, its
+    calls parsed out of the text (content null when the answer is only calls; finish_reason
+    "tool_calls" when it made any)."""
+    if job.parser is None:
+        return {"role": "assistant", "content": text}, reason
+    deltas = job.parser.feed(text) + job.parser.finish()
+    content = "".join(d.content for d in deltas if d.content is not None)
+    calls = job.parser.calls
+    if not calls:
+        return {"role": "assistant", "content": content}, reason
+    return {"role": "assistant", "content": content or None,
+            "tool_calls": [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                           for c in calls]}, "tool_calls"
 
 
 async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:

@@ -75,6 +75,11 @@ class Preparer:
         """fn(*args), on the loop when `size` (the body's bytes) is small, else on the pool."""
         if size <= self.inline_bytes:
             return fn(*args)
+        return await self.off_loop(fn, *args)
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the pool whatever the body's size: work that is slow for a small body
+        (compiling a grammar)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 

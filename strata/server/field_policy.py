@@ -161,7 +161,6 @@ SHARED: dict[str, Rule] = {
     "n_indent": off("0 (off)", equal(0)),
     "samplers": off("null (Strata's order is fixed: GET /props)", empty),
     "grammar": off("an empty grammar (use response_format)", empty),
-    "json_schema": off("null (use response_format)", empty),
     "lora": off("no adapters", empty),
     "timings_per_token": off("false", false),
     "return_tokens": off("false", false),

@@ -36,6 +36,7 @@ SEED_RANDOM = -1  # llama-server's "pick a random seed"
 SEED_LIMIT = 1 << 64  # numpy takes any seed in [0, 2**64) the same way on every platform
 UNLIMITED = -1  # llama-server's max_tokens / n_predict for "until the context is full"
 MAX_TOOL_CALLS = 128  # per assistant message
+MAX_TOOLS = 128  # per request (OpenAI's limit)
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 63)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
@@ -238,11 +239,33 @@ class _Sampling(Strict):
             logprobs=logprobs, top_logprobs=top_logprobs, logit_bias=dict(self.logit_bias or {}), **given)
 
 
-def _not_yet(what: str):
-    return _refuse_unless(lambda v: not v, f"{what} are not supported yet")
+class JsonSchemaFormat(Strict):
+    name: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the output is held to the schema either way (strict schemas: docs/SERVER.md)
 
 
-class ChatCompletionRequest(_Sampling):
+class ResponseFormat(Strict):
+    """OpenAI's response_format; llama-server's `schema` beside `type` is taken too."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+    def given_schema(self) -> dict[str, Any] | None:
+        inner = self.json_schema.schema_ if self.json_schema is not None else None
+        return inner if inner is not None else self.schema_
+
+
+class _Structured(_Sampling):
+    """Structured output, on both routes: the output held to JSON (strata/server/tool_use.py)."""
+
+    response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | None = None  # llama-server's: the schema alone
+
+
+class ChatCompletionRequest(_Structured):
     field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.CHAT
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -250,19 +273,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None  # checked by tool_use.py
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
 
     _unlimited_completion = field_validator("max_completion_tokens", mode="before")(
         lambda cls, v: _unlimited_to_context(v))
-    _no_tools = field_validator("tools")(_not_yet("tools"))
-    _no_tool_choice = field_validator("tool_choice")(_refuse_unless(
-        lambda v: v in (None, "none", "auto"), "only 'none' or 'auto' is supported without tools"))
-    _text_format = field_validator("response_format")(_refuse_unless(
-        lambda v: v is None or v.get("type", "text") == "text", "only response_format type 'text' is supported"))
-
     @field_validator("chat_template_kwargs")
     @classmethod
     def _own_variables(cls, v):
@@ -290,16 +306,12 @@ PromptIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)]
 PromptType = Union[str, list[str], PromptIds, list[PromptIds]]
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(_Structured):
     field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.COMPLETIONS
 
     prompt: PromptType
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
-    response_format: dict[str, Any] | None = None
-
-    _text_format = field_validator("response_format")(_refuse_unless(
-        lambda v: v is None or v.get("type", "text") == "text", "only response_format type 'text' is supported"))
 
     @field_validator("prompt")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -137,6 +138,25 @@ def start_serve(tmp_path: Path, config: dict | str | None, *extra: str) -> Strat
     p = StrataProcess("serve", args)
     p.wait_listening()
     return p
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, config: dict | str | None, *extra: str):
+    """A healthy `strata serve` child for the block (a module fixture's body), killed with its
+    engine after it."""
+    p = start_serve(tmp_path, config, *extra)
+    try:
+        p.wait_healthy()
+        yield p
+    finally:
+        p.kill_tree()
+
+
+def openai_client(server: StrataProcess, key: str, timeout: float = 120):
+    """The official openai client on the server, without its retries (a test sees every failure)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
 def metric(url: str, name: str, headers: dict | None = None) -> float:
