@@ -15,16 +15,15 @@ a bad schema costs its own compile each time, as a good one costs it once.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Callable
 
 import llguidance
 
 from strata.grammar.errors import GrammarError
 from strata.grammar.matcher import CompiledGrammar
 from strata.grammar.schema import JSON_OPTIONS, parse_schema, strict_schema
-from strata.grammar.vocab import grammar_vocab
+from strata.grammar.vocab import PerTokenizer, grammar_vocab
 
 CACHE_ENTRIES = 64  # per tokenizer; a grammar with its warmed automata is ~0.1-2 MB
 
@@ -83,16 +82,8 @@ class _LRU:
         return len(self._items)
 
 
-_caches: "weakref.WeakKeyDictionary[Any, _LRU]" = weakref.WeakKeyDictionary()
-_caches_lock = threading.Lock()
-
-
-def _cache_for(tokenizer) -> _LRU:
-    with _caches_lock:
-        cache = _caches.get(tokenizer)
-        if cache is None:
-            cache = _caches[tokenizer] = _LRU(CACHE_ENTRIES)
-        return cache
+# compiled grammars, per tokenizer
+_cache_for = PerTokenizer(lambda tokenizer: _LRU(CACHE_ENTRIES))
 
 
 def compile_constraint(spec, tokenizer, n_vocab: int | None = None) -> CompiledGrammar:

@@ -71,14 +71,22 @@ def _build(tokenizer) -> GrammarVocab:
     return GrammarVocab(lib=lib, n_tokens=tokenizer.vocab_size, stop_ids=frozenset(stop_ids))
 
 
-_vocabs: "weakref.WeakKeyDictionary[Any, GrammarVocab]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+class PerTokenizer:
+    """A value made once per tokenizer object on first use (under a lock: the server's threads
+    ask at once) and dropped with the tokenizer."""
+
+    def __init__(self, make):
+        self._make = make
+        self._items: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, tokenizer):
+        with self._lock:
+            value = self._items.get(tokenizer)
+            if value is None:
+                value = self._items[tokenizer] = self._make(tokenizer)
+            return value
 
 
-def grammar_vocab(tokenizer) -> GrammarVocab:
-    """The tokenizer's GrammarVocab, built on first use."""
-    with _lock:
-        vocab = _vocabs.get(tokenizer)
-        if vocab is None:
-            vocab = _vocabs[tokenizer] = _build(tokenizer)
-        return vocab
+# the tokenizer's GrammarVocab, built on first use
+grammar_vocab = PerTokenizer(_build)
