@@ -56,6 +56,15 @@ def penalised(params: SamplingParams) -> bool:
         params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0)
 
 
+def penalty_tail(params: SamplingParams, history: list[int]) -> list[int]:
+    """The end of the sequence the penalties can read (nothing when they are off): a window's
+    rows extend this with their drafts instead of copying a long sequence once per row."""
+    if not penalised(params):
+        return []
+    n = params.repeat_last_n
+    return history if n < 0 else history[-n:]
+
+
 def row_adjust(params: SamplingParams, history: Sequence[int], n_generated: int, end_ids: Sequence[int],
                mask: np.ndarray | None = None) -> RowAdjust:
     """One row's adjustments: `history` is the sequence so far (prompt and output, the row's

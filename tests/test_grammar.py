@@ -16,6 +16,7 @@ from strata.grammar import CompiledGrammar, GrammarError, compile_constraint, st
 from strata.grammar.compile import _LRU
 from strata.grammar.schema import WHITESPACE_RUN
 from strata.text.tokenizer import Tokenizer
+from tests.support.grammar_walk import allowed_ids, random_walk
 from tests.support.model_fixtures import default_model_or_skip
 
 # A schema whose language is finite (bounded strings, integers, arrays, whitespace), so a random
@@ -47,12 +48,6 @@ def tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def finite(tok) -> CompiledGrammar:
     return compile_constraint(ConstraintSpec("json_schema", json.dumps(FINITE)), tok)
-
-
-def allowed_ids(matcher) -> np.ndarray:
-    mask = np.zeros(matcher.vocab_words, np.uint32)
-    matcher.fill_mask(mask)
-    return np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
 
 
 def is_allowed(matcher, token: int) -> bool:
@@ -152,17 +147,8 @@ def test_random_walks_from_allowed_tokens_validate(finite, tok):
     rng = random.Random(2024)
     stops = set(tok.eog_ids) | {tok.eos_id}
     for _ in range(6):
-        m, ids = finite.matcher(), []
-        for _ in range(3000):
-            choices = allowed_ids(m)
-            assert len(choices), "empty mask before the grammar ended"
-            token = int(rng.choice(choices))
-            if token in stops:
-                break
-            assert m.accept(token)
-            ids.append(token)
-        else:
-            pytest.fail("a random walk over a finite language did not end")
+        m = finite.matcher()
+        ids = random_walk(m, rng, stops)
         assert m.is_accepting()
         value = json.loads(tok.decode(ids))
         check_finite(value)

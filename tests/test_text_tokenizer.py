@@ -14,7 +14,7 @@ from strata.text.bytelevel import BYTE_TO_CHAR
 from strata.text.pretokenizers import TABLE
 from strata.text.stream import StreamDecoder
 from strata.text.tokenizer import Tokenizer
-from tests.support.model_fixtures import default_model_or_skip
+from tests.support.model_fixtures import default_metadata
 
 
 def shared_dir() -> Path | None:
@@ -33,10 +33,7 @@ def reference(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def metadata() -> dict:
-    from strata.gguf.reader import GGUFFile
-
-    with GGUFFile(default_model_or_skip()) as f:
-        return dict(f.metadata)
+    return dict(default_metadata())  # a copy: a test may edit its own
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 
-import numpy as np
 import pytest
 
 from strata.errors import StrataError
@@ -26,7 +25,8 @@ from strata.text.tool_calls import (
     parse_calls,
     tool_format_for,
 )
-from tests.support.model_fixtures import default_model_or_skip
+from tests.support.grammar_walk import random_walk
+from tests.support.model_fixtures import default_metadata
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
@@ -70,10 +70,7 @@ RENDERS_TOOLS = (
 
 @pytest.fixture(scope="module")
 def metadata() -> dict:
-    from strata.gguf.reader import GGUFFile
-
-    with GGUFFile(default_model_or_skip()) as f:
-        return dict(f.metadata)
+    return dict(default_metadata())  # a copy: a test may edit its own
 
 
 @pytest.fixture(scope="module")
@@ -257,12 +254,6 @@ def test_parse_calls_accepts_objects_lists_and_string_arguments():
 
 # --- forcing calls ------------------------------------------------------------------------------
 
-def allowed_ids(matcher) -> np.ndarray:
-    mask = np.zeros(matcher.vocab_words, np.uint32)
-    matcher.fill_mask(mask)
-    return np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
-
-
 def accepts(compiled, tok, text: str) -> bool:
     m = compiled.matcher()
     ok = all(m.accept(t) for t in tok.encode(text))
@@ -302,15 +293,7 @@ def test_random_walks_under_the_forcing_grammar_parse_as_valid_calls(family, tok
     rng = random.Random(11)
     stops = set(tok.eog_ids) | {tok.eos_id}
     for _ in range(4):
-        m, ids = compiled.matcher(), []
-        for _ in range(3000):
-            token = int(rng.choice(allowed_ids(m)))
-            if token in stops:
-                break
-            assert m.accept(token)
-            ids.append(token)
-        else:
-            pytest.fail("the walk did not end")
+        ids = random_walk(compiled.matcher(), rng, stops)
         content, calls, _ = run(fmt.parser(), [tok.decode(ids)])
         assert content == "" and len(calls) == 1
         name, arguments = calls[0]

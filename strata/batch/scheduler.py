@@ -35,7 +35,7 @@ from strata.batch.prefix_cache import BLOCK, PrefixCache
 from strata.batch.prefix_cache import supports as prefix_supports
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
-from strata.logit_adjust import apply_rows, has_adjustments, row_adjust
+from strata.logit_adjust import apply_rows, has_adjustments, penalty_tail, row_adjust
 from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
 from strata.mtp.verify import verify
@@ -676,8 +676,9 @@ class Scheduler:
             p = s.handle.request.params
             end_ids = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(self.eog))
             masks = self._grammar_masks(s, e.drafts[: n - 1])
+            tail = penalty_tail(p, s.history)
             for j in range(n):
-                rows.append(row_adjust(p, s.history + e.drafts[:j], s.n_generated + j, end_ids, masks[j]))
+                rows.append(row_adjust(p, tail + e.drafts[:j], s.n_generated + j, end_ids, masks[j]))
         apply_rows(self.model.b.xp, logits, rows)
 
     @staticmethod

