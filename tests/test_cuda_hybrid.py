@@ -114,3 +114,40 @@ def test_nextn_mtp_greedy_equals_plain_on_the_gpu(packs, arch, monkeypatch):
             assert [ids for ids, _, _ in outs] == want[:n], (arch, batch, n)
         assert sum(s["mtp_drafted"] for s in core.metrics()["slots"]) > 0
         assert core.backend.graphs is None or core.backend.graphs.replays > 0  # windows replayed graphs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_state_without_a_rollback_copy_updates_in_place(packs, arch):
+    """A cell with one copy (--state-checkpoints): the kernels read and write the same copy in
+    place, beside a two-copy cell in the same windows, and give it the two-copy cell's state and
+    logits bit for bit (each thread reads the state elements it writes before writing them)."""
+    b = CudaBackend()
+    m = _model(packs[arch], b)
+    one, two = m.new_cache(64, "f16", checkpoint=False), m.new_cache(64, "f16")
+    assert b.delta_net_kernels(m.cfg.hybrid)
+    for start, toks in ((0, IDS[:5]), (5, IDS[5:6]), (6, IDS[6:9])):
+        n = len(toks)
+        _, logits = m.forward(np.asarray(toks + toks), [Span(one, start, n), Span(two, start, n)],
+                              logit_rows=list(range(2 * n)))
+        z = cp.asnumpy(logits)
+        np.testing.assert_array_equal(z[:n], z[n:])
+    for a, c in zip(one.conv + one.ssm, two.conv + two.ssm):
+        np.testing.assert_array_equal(cp.asnumpy(a[one.active]), cp.asnumpy(c[two.active]))
+
+
+def test_a_slot_without_a_rollback_copy_decodes_plain_tokens(packs, monkeypatch):
+    """--state-checkpoints 1 of 2 with --batch-mtp, windows replayed from graphs: both slots give
+    plain decoding's tokens, slot 1 drafts nothing."""
+    arch = "qwen35moe"
+    monkeypatch.setenv("STRATA_CUDA_GRAPHS", "0")
+    plain, _ = load_engine(["--pack", str(packs[arch]), "--device", "cuda"])
+    monkeypatch.delenv("STRATA_CUDA_GRAPHS")
+    prompts = chat_prompts(plain, ["Hello there", "List three colors."])
+    want = [ids for ids, _, _ in run_all(plain, prompts, greedy(12), threaded=False)]
+    core, lines = load_engine(["--pack", str(packs[arch]), "--spec", "2", "--parallel", "2", "--device", "cuda",
+                               "--batch-mtp", "--state-checkpoints", "1"])
+    assert [ids for ids, _, _ in run_all(core, prompts, greedy(12), threaded=False)] == want
+    drafted = [s["mtp_drafted"] for s in core.metrics()["slots"]]
+    assert drafted[0] > 0 and drafted[1] == 0
+    assert sum(ln.startswith("strata: recurrent state: slot 1 has no rollback copy") for ln in lines) == 1
+    assert core.backend.graphs is None or core.backend.graphs.replays > 0

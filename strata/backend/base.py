@@ -28,6 +28,25 @@ class TensorSource(Protocol):
 
 
 @dataclass(frozen=True)
+class SourceView:
+    """A TensorSource seen another way (a reshape, rows reordered): the same name and type;
+    a subclass says its shape and, where the blocks differ, its data."""
+
+    src: TensorSource
+
+    @property
+    def name(self) -> str:
+        return self.src.name
+
+    @property
+    def ggml_type(self) -> int:
+        return self.src.ggml_type
+
+    def data(self) -> Any:
+        return self.src.data()
+
+
+@dataclass(frozen=True)
 class RopeParams:
     base: float
     dim: int  # features rotated per head
@@ -344,7 +363,7 @@ class Backend(ABC):
         off = 0
         for sp in spans:
             if sp.cache.keeps_replay():
-                pool.replay[layer, sp.cache.cell, : sp.count] = proj[off : off + sp.count]
+                pool.replay[layer, sp.cache.replay_row, : sp.count] = proj[off : off + sp.count]
             off += sp.count
 
     def delta_net_window(self, layer: Any, proj: Any, pool: Any, index: int, table: Any, n_spans: int,

@@ -8,6 +8,9 @@ plus that slot's drafts. See docs/BATCHING.md for the rules; in short:
   the shared window (ragged spans); the others add one token;
 - a failure in one slot's MTP path turns MTP off for that slot (said once) and the request
   goes on: nothing in the MTP path may end the engine;
+- a slot whose recurrent state has no rollback copy (a hybrid model's slot past
+  --state-checkpoints) never drafts, and a failed window it was in ends its request: its state
+  was updated in place, so the window cannot be rerun;
 - a request can only end itself: a failure in its admission, its part of a window or its
   output ends that request (reason "error") and the others go on; a window that fails with
   an exception naming no request runs its requests one at a time to find the one that fails
@@ -36,6 +39,7 @@ from strata.batch.prefix_cache import supports as prefix_supports
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
 from strata.logit_adjust import apply_rows, has_adjustments, penalty_tail, row_adjust
+from strata.model.recurrent_state import StateLost
 from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
 from strata.mtp.verify import verify
@@ -103,6 +107,7 @@ class _Window:
 class Scheduler:
     def __init__(self, model: Transformer, tokenizer: Any, cfg: SchedulerConfig, *,
                  proposer: Any = None, slot_batch_mtp: list[tuple[bool, str | None]] | None = None,
+                 slot_checkpoints: list[bool] | None = None,
                  log: Callable[[str], None] = print, faults: FaultInjector | None = None):
         self.model = model
         self.tok = tokenizer
@@ -111,7 +116,8 @@ class Scheduler:
         self.log = log
         self.faults = faults or FaultInjector()
         self.eog = set(getattr(tokenizer, "eog_ids", set()) or set())
-        self.slots = [Slot(i, model.new_cache(cfg.max_ctx, cfg.kv_kind)) for i in range(cfg.parallel)]
+        checkpoints = slot_checkpoints or [True] * cfg.parallel  # (a hybrid model's rollback copies)
+        self.slots = [Slot(i, self._new_cache(keep)) for i, keep in enumerate(checkpoints)]
         for s, (on, reason) in zip(self.slots, slot_batch_mtp or [(False, None)] * cfg.parallel):
             s.batch_mtp, s.batch_mtp_reason = on, reason
         self.queue: collections.deque[RequestHandle] = collections.deque()
@@ -134,6 +140,13 @@ class Scheduler:
             log("strata batch: prompt reuse is off for this model: its recurrent state cannot be cut at a "
                 "block boundary; every request reports cached_tokens 0")
         self.cached_tokens = 0  # prompt tokens served from the prefix cache, all requests
+
+    def _new_cache(self, checkpoint: bool) -> Any:
+        """A slot's cache; without a checkpoint a hybrid model's keeps one recurrent state copy."""
+        cfg = self.cfg
+        if checkpoint:
+            return self.model.new_cache(cfg.max_ctx, cfg.kv_kind)
+        return self.model.new_cache(cfg.max_ctx, cfg.kv_kind, checkpoint=False)
 
     # ---- public, thread-safe ------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> RequestHandle:
@@ -336,7 +349,8 @@ class Scheduler:
             s.embed_sum = 0.0
             return
         seeded_sample = not is_greedy(p) and p.seed is not None
-        if self.proposer is not None and s.mtp_failed is None and not (seeded_sample and self.cfg.plain_for_seeded):
+        may_draft = self.proposer is not None and s.mtp_failed is None and s.rolls_back  # (a rejected draft rolls back)
+        if may_draft and not (seeded_sample and self.cfg.plain_for_seeded):
             try:  # MTP admission: the slot's private draft state
                 self.faults.check("mtp-admit", s.index)
                 self.proposer.admit(s)
@@ -516,11 +530,12 @@ class Scheduler:
                                                                       rows, draft_rows, draft_spans)
                 draft_out = (dids, dtop)
             except Exception as e:  # the fused slots lose MTP; the window runs plain (its drafts stay)
-                for sp in list(spans) + draft_spans:
-                    sp.cache.truncate(sp.start)
+                back = [self._cut_back(sp.cache, sp.start) for sp in list(spans) + draft_spans]
                 for s in self.slots:
                     if s.index in fuse_at:
                         self._mtp_fail(s, "fused_draft", e)
+                if not all(back):  # a state updated in place: the failed-window path ends its request
+                    raise
                 fuse_at, draft_rows = {}, []
         if draft_out is None:  # (a fused window brought its hidden states and rows' argmax along)
             hidden, logits = self._forward(entries, tokens, spans, rows)
@@ -575,15 +590,20 @@ class Scheduler:
         """A window failed with an exception that names no request (a bug, or an input that got
         past the checks). Every entry's caches go back to where the window began and each entry
         runs alone: one whose window fails again ends (internal_error); the others get the
-        tokens the window would have given them."""
-        for e in entries:
-            self._roll_back(e)
-        if len(entries) == 1:
-            self._end_failed(entries[0].slot, first, "the request's window")
+        tokens the window would have given them. An entry whose recurrent state cannot go back
+        (no rollback copy) ends at once: rerun, it would compute on a state the window changed."""
+        back = [self._roll_back(e) for e in entries]
+        for e, ok in zip(entries, back):
+            if not ok:
+                self._end_state_lost(e.slot, first)
+        kept = [e for e, ok in zip(entries, back) if ok]
+        if len(entries) == 1 and kept:
+            self._end_failed(kept[0].slot, first, "the request's window")
+        if len(entries) == 1 or not kept:
             return
         self.log(f"strata batch: a window of {len(entries)} requests failed ({type(first).__name__}: {first}); "
                  f"each runs alone to find the one that fails")
-        for e in entries:
+        for e in kept:
             if not e.slot.busy:
                 continue
             try:
@@ -596,17 +616,37 @@ class Scheduler:
                 continue
             self._apply([e], window)
 
-    @staticmethod
-    def _roll_back(e: _Entry) -> None:
+    @classmethod
+    def _roll_back(cls, e: _Entry) -> bool:
         """The entry's caches and rng back to where its window began (what a failed window wrote
-        or drew is dropped)."""
+        or drew is dropped). False when its cache cannot go back: a recurrent state without a
+        rollback copy, which the window updated in place."""
         s = e.slot
-        if e.start is not None:
-            s.cache.truncate(e.start)
+        back = e.start is None or cls._cut_back(s.cache, e.start)
         if e.draft_start is not None and s.draft_cache is not None:
             s.draft_cache.truncate(e.draft_start)
         if e.rng_state is not None and s.rng is not None:
             s.rng.bit_generator.state = e.rng_state
+        return back
+
+    @staticmethod
+    def _cut_back(cache: Any, n: int) -> bool:
+        """cache.truncate(n); False when the cache cannot go back there (StateLost)."""
+        try:
+            cache.truncate(n)
+        except StateLost:
+            return False
+        return True
+
+    def _end_state_lost(self, s: Slot, e: Exception) -> None:
+        """A failed window may have written this slot's one-copy recurrent state: its request
+        ends instead of rerunning on that state; the window's other requests rerun as usual."""
+        self.log(f"strata batch: slot {s.index}: a window failed ({type(e).__name__}: {e}) after it may have "
+                 f"updated the slot's recurrent state, which has no rollback copy; the request ends, the others go on")
+        error, code = self._failure(e, "the request's window")
+        if s.busy:
+            self._finish(s, "error", code=code,
+                         error=f"{error} (its recurrent state has no rollback copy: the window cannot be rerun)")
 
     def _sample_on_device(self, entries: list[_Entry], logits: Any) -> Any:
         """Token ids of every logits row, drawn by the backend (strata.kernels.cuda.sample) with

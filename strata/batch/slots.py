@@ -72,6 +72,12 @@ class Slot:
         return self.handle is not None
 
     @property
+    def rolls_back(self) -> bool:
+        """Whether its cache can go back to a window's start: not a hybrid model's recurrent
+        state without a rollback copy (strata/model/recurrent_state.py); such a slot never drafts."""
+        return getattr(self.cache, "checkpointed", True)
+
+    @property
     def prefilling(self) -> bool:
         return self.handle is not None and self.n_prefilled < len(self.prompt)
 

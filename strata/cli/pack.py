@@ -7,8 +7,10 @@ from dataclasses import replace
 
 from strata.errors import StrataError
 from strata.kernels.ggml_types import BY_NAME
+from strata.model.hybrid.tensors import INPUT_FORMS
 from strata.pack.presets import PRESETS, ROLE_ALIASES, ROLE_TENSORS, SUPPORTED_ARCHS, TINY
 from strata.pack.synth import synth_pack
+from strata.pack.synth_hybrid import with_delta_net_input
 
 # flag dest -> SynthSpec field it overrides
 SIZE_FLAGS = {
@@ -48,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--force", action="store_true", help="replace other .gguf files in --out")
     s.add_argument("--tied-output", action=argparse.BooleanOptionalAction, default=None,
                    help="share the embedding as output head (no output.weight)")
+    s.add_argument("--delta-net-input", choices=INPUT_FORMS,
+                   help="the hybrid archs' DeltaNet input projection: split (attn_qkv + attn_gate, the default) "
+                        "or fused (one ssm_in, as earlier llama.cpp converters wrote qwen3next)")
     for dest in SIZE_FLAGS:
         s.add_argument("--" + dest.replace("_", "-"), dest=dest, type=int)
 
@@ -81,6 +86,8 @@ def build_spec(args: argparse.Namespace):
     spec = replace(spec, **sizes)
     if args.tied_output is not None:
         spec = replace(spec, tied_output=args.tied_output)
+    if args.delta_net_input is not None:
+        spec = with_delta_net_input(spec, args.delta_net_input)
     return spec.with_types(parse_type_flags(args.type))
 
 

@@ -6,14 +6,20 @@ decides for both), builds the
 native kernel table for the chosen backend (--device; minus --no-native types) and shows, for
 every tensor role x type, whether each path that uses it (decode / verify / draft) runs on a
 native kernel, the generic dequantize+matmul path, or cannot run; then the batch-MTP decision
-per slot. Exit 0, or 2 when some tensor cannot run at all (the engine would refuse the pack).
+per slot, and for a hybrid model which slots keep a rollback copy of their recurrent state
+(strata/engine/checkpoints.py: exact for --state-checkpoints N; for auto, estimated from the free
+memory less the pack's weights, which the engine measures once they are loaded). Exit 0, or 2
+when some tensor cannot run at all (the engine would refuse the pack).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 
+from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.options import EngineOptions, add_engine_arguments
 from strata.kernels.native_table import resolve_backend, table_for_backend
 from strata.kernels.probe import run_probe, tensor_map
@@ -33,6 +39,39 @@ def _free_device_bytes(backend: str) -> int | None:
         return int(cupy.cuda.runtime.memGetInfo()[0])
     except Exception:  # no device at all: the table already says cuda is not built
         return None
+
+
+def _weights_estimate(pack, backend: str) -> int:
+    """What the pack's weights take once loaded, roughly: the CPU backend dequantizes them to
+    float32, the GPU keeps quantized blocks (about their size in the file)."""
+    if backend == "cpu":
+        return sum(4 * math.prod(t.shape) for t in pack.tensors.values())
+    return int(pack.total_bytes)
+
+
+def _free_host_bytes() -> int | None:
+    try:  # as the CPU backend's free_bytes (strata/backend/cpu.py)
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def checkpoint_plan(pack, opts: EngineOptions, backend: str) -> CheckpointPlan | None:
+    """The engine's decision of rollback copies (EngineCore._plan_checkpoints), without loading:
+    None for a model without a recurrent state."""
+    from strata.model.hybrid.config import HYBRID_ARCHS
+
+    if pack.metadata.get("general.architecture") not in HYBRID_ARCHS:
+        return None
+    from strata.model.hybrid.model import REPLAY_TOKENS, recurrent_shape
+    from strata.model.recurrent_state import HybridCache
+
+    shape = recurrent_shape(pack.model_config())
+    replay = max(REPLAY_TOKENS, opts.spec + 1)
+    free = _free_device_bytes(backend) if backend == "cuda" else _free_host_bytes()
+    after_weights = None if free is None else free - _weights_estimate(pack, backend)
+    budget = checkpoint_budget(after_weights, backend, opts.parallel, HybridCache.state_bytes(shape, replay, False))
+    return plan_checkpoints(opts.state_checkpoints, opts.parallel, HybridCache.checkpoint_bytes(shape, replay), budget)
 
 
 def open_model(opts: EngineOptions, backend: str):
@@ -56,15 +95,22 @@ def run(args: argparse.Namespace) -> int:
     table = table_for_backend(backend, opts.no_native_types())
     pack, draft, opts = open_model(opts, backend)
     try:
+        checkpoints = checkpoint_plan(pack, opts, backend)
         rep = run_probe(tensor_map(pack.tensors), tensor_map(draft.tensors) if draft else None, opts,
-                        backend, table, free_bytes=_free_device_bytes(backend))
+                        backend, table, free_bytes=_free_device_bytes(backend),
+                        checkpoints=checkpoints.count if checkpoints else None)
     finally:
         pack.close()
+    state_line = checkpoints.line() if checkpoints else None
     if args.json:
         out = rep.to_json()
         out["pack"] = pack.label
         out["draft"] = draft.label if draft else None
         out["unavailable"] = table.unavailable
+        if checkpoints is not None:
+            out["state_checkpoints"] = {"slots": checkpoints.count, "bytes_per_slot": checkpoints.per_slot,
+                                        "budget_bytes": checkpoints.budget, "asked": checkpoints.asked}
+            out["lines"] = [state_line, *out["lines"]] if state_line else out["lines"]
         print(json.dumps(out, indent=1))
     else:
         print(f"pack {pack.label}; draft: {draft.label if draft else 'none'}; backend {backend}; "
@@ -74,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         print(rep.format_table())
         for note in rep.notes:
             print(f"note: {note}")
-        lines = rep.startup_lines()
+        lines = ([state_line] if state_line else []) + rep.startup_lines()
         if not rep.batch_mtp_requested:
             lines.append("strata probe: batch-MTP not requested (--batch-mtp)")
         for line in lines:

@@ -15,6 +15,7 @@ import numpy as np
 
 from strata.backend.select import make_backend
 from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
+from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
@@ -114,15 +115,37 @@ class EngineCore:
         self.opts: EngineOptions
         self.scheduler: Scheduler
 
-    def _recurrent_state_line(self, opts: EngineOptions, log: Callable[[str], None]) -> None:
-        """A hybrid model's sequences each keep a recurrent state (two copies, for rollback) and
-        the inputs that replay accepted drafts: said once, per slot, before the caches exist."""
+    def _plan_checkpoints(self, opts: EngineOptions) -> CheckpointPlan | None:
+        """A hybrid model's slots that keep a rollback copy of their recurrent state: the first
+        --state-checkpoints N, or as many as the memory left after the weights and the draft
+        holds (strata/engine/checkpoints.py). None for a model without a recurrent state."""
+        if self.cfg.hybrid is None:
+            return None
         model = self.model
+        # verification windows of 1 + --spec tokens can be cut back inside: their replay rows
+        model.replay_tokens = max(model.replay_tokens, opts.spec + 1)
+        budget = checkpoint_budget(self.backend.free_bytes(), self.backend.name, opts.parallel,
+                                   model.state_bytes(checkpoint=False))
+        return plan_checkpoints(opts.state_checkpoints, opts.parallel, model.checkpoint_bytes(), budget)
+
+    def _recurrent_state_lines(self, log: Callable[[str], None]) -> None:
+        """A hybrid model's sequences each keep a recurrent state (two copies and the inputs that
+        replay accepted drafts with a checkpoint, one copy without): said once, before the caches
+        exist, with one more line naming the slots without a checkpoint."""
+        model, plan = self.model, self.checkpoints
         h = self.cfg.hybrid
-        log(f"strata: recurrent state: {h.n_recurrent} Gated DeltaNet layers, "
-            f"{model.state_bytes() / MiB:.1f} MiB per slot x {opts.parallel} "
-            f"(two copies of the state + replay inputs for windows of up to {model.replay_tokens} tokens); "
+        kinds = [(plan.count, model.state_bytes(), "two copies of the state + replay inputs for windows of up "
+                                                   f"to {model.replay_tokens} tokens"),
+                 (plan.parallel - plan.count, model.state_bytes(checkpoint=False), "one copy: no rollback")]
+        sizes = ", ".join(f"{n_bytes / MiB:.1f} MiB per slot x {n} ({what})" for n, n_bytes, what in kinds if n)
+        # a pack of an earlier converter (one fused ssm_in per layer) is told apart in the line
+        fused = sum(layer.mixer.input_form == "fused" for layer in model.recurrent_layers)
+        form = f" (input projection from the fused ssm_in in {fused})" if fused else ""
+        log(f"strata: recurrent state: {h.n_recurrent} Gated DeltaNet layers{form}, {sizes}; "
             f"{model.n_attention} attention layers keep a KV cache")
+        lacking = plan.line()
+        if lacking is not None:
+            log(lacking)
 
     @classmethod
     def load(cls, opts: EngineOptions, log: Callable[[str], None] = log_stderr) -> "EngineCore":
@@ -191,12 +214,16 @@ class EngineCore:
                 src = None
         elif src is not None:
             log(f"strata mtp: draft found ({src.label}) but --spec is 0; MTP is off")
+        self.checkpoints = self._plan_checkpoints(opts)  # (after the weights and the draft: what is left)
         if draft is not None:
             self.draft_state_bytes = draft.state_bytes(self.n_ctx, opts.kv)
             for i in range(opts.parallel):
-                log(f"strata mtp: slot {i}: shared draft weights ({src.nbytes / MiB:.1f} MiB, {src.label}), "
-                    f"{self.draft_state_bytes / MiB:.1f} MiB of private state and buffers at full context")
+                if self.checkpoints is None or self.checkpoints.has(i):  # (the others never draft)
+                    log(f"strata mtp: slot {i}: shared draft weights ({src.nbytes / MiB:.1f} MiB, {src.label}), "
+                        f"{self.draft_state_bytes / MiB:.1f} MiB of private state and buffers at full context")
         self.draft = draft
+        if self.checkpoints is not None:
+            self._recurrent_state_lines(log)
         slot_caps = self._probe(pack, src, log)
         if draft is not None and opts.batch_mtp and any(on for on, _ in slot_caps):
             log(f"strata verify: batch windows of up to {opts.parallel} sequences (layers [0, {cfg.n_layer}))")
@@ -205,9 +232,6 @@ class EngineCore:
             proposer = DraftProposer(draft, max_ctx=self.n_ctx, kv_kind=opts.kv, chunk=opts.prefill_chunk(),
                                      min_p=opts.spec_min_p)
         fused = fused_drafts_default(backend) and self.model.graphable
-        if cfg.hybrid is not None:  # verification windows of 1 + --spec tokens can be cut back inside
-            self.model.replay_tokens = max(self.model.replay_tokens, opts.spec + 1)
-            self._recurrent_state_line(opts, log)
         if draft is not None and opts.spec == 1 and fused:
             log("strata mtp: fused drafting on (a greedy verification window drafts the next one; "
                 "STRATA_MTP_FUSED=0 turns it off)")
@@ -219,7 +243,8 @@ class EngineCore:
                                 spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
                                 fused_drafts=fused, plain_for_seeded=auto_mtp,
                                 prefix_cache_bytes=opts.prefix_cache << 20),
-                proposer=proposer, slot_batch_mtp=slot_caps, log=log)
+                proposer=proposer, slot_batch_mtp=slot_caps,
+                slot_checkpoints=self.checkpoints.flags() if self.checkpoints else None, log=log)
         self._say_kv_room(log)
         return self
 
@@ -248,7 +273,8 @@ class EngineCore:
         draft_tensors = {n: (t.ggml_type, tuple(t.shape)) for n, t in src.tensors.items()} if src else None
         report = run_probe(tensors, draft_tensors, self.opts, self.backend.name, table,
                            n_gpus=1, mtp_state_bytes_per_slot=getattr(self, "draft_state_bytes", 0),
-                           free_bytes=self.backend.free_bytes())
+                           free_bytes=self.backend.free_bytes(),
+                           checkpoints=self.checkpoints.count if self.checkpoints else None)
         self.probe_report = report
         if not report.can_run:
             raise StrataError("; ".join(report.startup_lines()) or "the pack cannot run on this backend")

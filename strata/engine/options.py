@@ -59,6 +59,16 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _count_or_auto(value: str) -> int | None:
+    """argparse type: auto (None: the engine decides) or a whole number >= 0."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return _non_negative_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number >= 0, got {value!r}") from None
+
+
 def _seconds(*, zero_means_none: bool):
     """argparse type: a finite number of seconds, > 0 (or >= 0 where 0 means no limit)."""
 
@@ -161,6 +171,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     g.add_argument("--spec-min-p", type=_probability, default=0.0, help="stop drafting when the draft's top probability is under P")
     g.add_argument("--batch-mtp", action="store_true", help="every slot verifies its own MTP proposal inside the batched window")
     g.add_argument("--parallel", type=_positive_int, default=1, help="number of slots (concurrent sequences)")
+    g.add_argument("--state-checkpoints", type=_count_or_auto, default=None, metavar="N|auto",
+                   help="hybrid models: how many slots keep a rollback copy of their recurrent state (the "
+                        "others never draft and decode one token per window); auto: as many as memory holds")
     g.add_argument("--prefill", type=_prefill, default="auto", help="prefill chunking: auto, auto:N or N tokens per chunk")
     g.add_argument("--max-context", type=_positive_int, default=None, help="context length per sequence (default: the model's)")
     g.add_argument("--kv", choices=("f16", "int8"), default="f16", help="KV cache storage")
@@ -172,7 +185,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute backend")
     g.add_argument("--no-native", default="", metavar="TYPES",
                    help="diagnostic: comma-separated GGML types to drop from the native kernel table")
-    g.add_argument("--threads", type=_positive_int, default=None, help="CPU BLAS threads (default: 1 for decode windows, all cores for prefill)")
+    g.add_argument("--threads", type=_positive_int, default=None, help="CPU BLAS threads (default: every core; 1 where other work keeps the cores busy)")
     if serving:
         g.add_argument("--host", default="127.0.0.1")
         g.add_argument("--port", type=_non_negative_int, default=8080)
@@ -221,6 +234,7 @@ class EngineOptions:
     spec_min_p: float = 0.0
     batch_mtp: bool = False
     parallel: int = 1
+    state_checkpoints: int | None = None  # None: auto (strata/engine/checkpoints.py)
     prefill: str = "auto"
     max_context: int | None = None
     kv: str = "f16"

@@ -36,6 +36,7 @@ REASONS: dict[str, str] = {
     "no_draft": "no MTP draft (needs --spec > 0 and a draft: --mtp or nextn tensors in the pack)",
     "multi_gpu": "the model is split over {n_gpus} GPUs (batch-MTP needs one GPU)",
     "no_room": "no room for this slot's private MTP state ({per_slot} per slot, {free} free)",
+    "no_checkpoint": "no rollback copy of the recurrent state (--state-checkpoints, or no memory for one)",
     "no_native_kernel": "{groups} ({why})",
     "cannot_run": "the pack cannot run on {backend}",
 }
@@ -140,7 +141,7 @@ def _classify(table: NativeTable, backend: str, type_id: int, op: str, ncols: in
     return PathStatus(CANNOT_RUN, ncols, why=f"no native kernel and no dequantizer for {t.name}")
 
 
-def _slot_ranges(slots: Sequence[int]) -> str:
+def slot_ranges(slots: Sequence[int]) -> str:
     """[0,1,2,5] -> 'slots 0-2, 5'; [3] -> 'slot 3'."""
     parts, start, prev = [], None, None
     for s in sorted(slots):
@@ -211,14 +212,14 @@ class ProbeReport:
             return lines
         on = [s.slot for s in self.slots if s.batch_mtp]
         off = [s for s in self.slots if not s.batch_mtp]
-        head = f"strata probe: batch-MTP on for {_slot_ranges(on)}" if on else ""
+        head = f"strata probe: batch-MTP on for {slot_ranges(on)}" if on else ""
         if on and not off:
             return lines + [f"{head} ({self._on_detail()})"]
         # one line: every off slot shares its reason except when room ran out part way
         by_reason: dict[str, list[SlotCapability]] = {}
         for s in off:
             by_reason.setdefault(s.reason or "", []).append(s)
-        clauses = [f"batch-MTP off for {_slot_ranges([s.slot for s in ss])}: {why}"
+        clauses = [f"batch-MTP off for {slot_ranges([s.slot for s in ss])}: {why}"
                    for why, ss in by_reason.items()]
         tail = ("these slots decode one token per window" if len(off) > 1
                 else "this slot decodes one token per window")
@@ -300,12 +301,15 @@ def _tensor_reports(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tu
 
 def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] | None, opts,
               backend: str, table: NativeTable, *, n_gpus: int = 1, mtp_state_bytes_per_slot: int = 0,
-              free_bytes: int | None = None,
+              free_bytes: int | None = None, checkpoints: int | None = None,
               dequantizable: Callable[[int], bool] | None = None) -> ProbeReport:
     """Check every tensor (name -> (ggml type id, shape)) against the table; decide batch-MTP per slot.
 
     opts: anything with .parallel, .spec, .batch_mtp (EngineOptions). The draft exists when it
-    has tensors (draft_tensors, or nextn tensors among `tensors`) and --spec > 0.
+    has tensors (draft_tensors, or nextn tensors among `tensors`) and --spec > 0. checkpoints: a
+    hybrid model's slots [0, checkpoints) keep a rollback copy of their recurrent state
+    (strata/engine/checkpoints.py; None: every slot); the others never draft, with or without
+    --batch-mtp, which their reason (no_checkpoint) says wherever a draft could run.
     """
     deq = dequantizable or _default_dequantizable
     reports = _tensor_reports(tensors, draft_tensors, opts, backend, table, deq)
@@ -347,6 +351,9 @@ def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] |
                                         free=_mib(free_bytes or 0))
         rep.slots = [SlotCapability(i, True, None, [], None) if i < room
                      else SlotCapability(i, False, why, [], "no_room") for i in range(parallel)]
+    if rep.can_run and has_draft and checkpoints is not None:
+        for i in range(checkpoints, parallel):  # (more telling than not_requested: no MTP at all there)
+            rep.slots[i] = SlotCapability(i, False, REASONS["no_checkpoint"], [], "no_checkpoint")
 
     for path, cols in (("decode", parallel), ("verify", parallel * (spec + 1))):
         split = max((r.paths[path].launches for r in reports if path in r.paths

@@ -70,6 +70,7 @@ class SynthSpec:
     shexp_ff: int = 0  # shared expert width
     attn_interval: int = 4  # every N-th layer is full attention
     nextn: int = 0  # nextn (MTP) layers after the main stack
+    delta_net_input: str = "split"  # DeltaNet input projection form (model/hybrid/tensors.INPUT_FORMS)
 
     @property
     def is_hybrid(self) -> bool:

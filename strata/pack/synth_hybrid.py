@@ -4,12 +4,33 @@ so a synthetic pack is laid out as a real one and llama.cpp loads it unchanged."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from strata.errors import StrataError
 from strata.gguf.constants import ValueType as V
 from strata.kernels.ggml_types import BY_NAME
+from strata.model.hybrid.config import FAMILY
+from strata.model.hybrid.tensors import INPUT_FORMS
 from strata.pack.presets import SynthSpec
+
+
+def with_delta_net_input(spec: SynthSpec, form: str) -> SynthSpec:
+    """spec with its DeltaNet input projection in `form` (INPUT_FORMS: "split" attn_qkv +
+    attn_gate, or "fused" ssm_in as earlier qwen3next converters wrote it)."""
+    out = replace(spec, delta_net_input=form)
+    _check_delta_net_input(out)
+    return out
+
+
+def _check_delta_net_input(spec: SynthSpec) -> None:
+    form = spec.delta_net_input
+    if form not in INPUT_FORMS:
+        raise StrataError(f"--delta-net-input {form}: unknown (known: {', '.join(INPUT_FORMS)})")
+    traits = FAMILY.get(spec.arch)
+    if form == "fused" and not (traits and traits.fused_qkvz):
+        raise StrataError(f"--delta-net-input fused: only qwen3next packs hold a fused ssm_in, not --arch {spec.arch}")
 
 
 def _rope_dim(spec: SynthSpec) -> int:
@@ -72,6 +93,7 @@ def check_hybrid_spec(spec: SynthSpec) -> None:
         raise StrataError(f"--ssm-heads {spec.ssm_heads} is not a multiple of --ssm-groups {spec.ssm_groups}")
     if spec.is_moe and spec.shexp_ff <= 0:  # (the experts' own flags: synth.check_spec)
         raise StrataError(f"--shexp-ff {spec.shexp_ff}: must be > 0 for --arch {spec.arch}")
+    _check_delta_net_input(spec)
 
 
 def hybrid_plans(spec: SynthSpec, *, trunk: bool, nextn: bool):
@@ -81,9 +103,10 @@ def hybrid_plans(spec: SynthSpec, *, trunk: bool, nextn: bool):
 
     check_hybrid_spec(spec)
     cfg = spec_config(spec)
+    form = spec.delta_net_input
     plans = []
     for t in model_tensors(cfg, trunk=trunk, nextn=nextn and spec.nextn > 0):
-        if t.name == "output.weight" and spec.tied_output:
+        if (t.name == "output.weight" and spec.tied_output) or t.form not in (None, form):
             continue
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else 0
         if t.role is None:

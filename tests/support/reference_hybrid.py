@@ -98,11 +98,24 @@ def _attention(hp, W, mm, p, h, pos, kv_round):
     return mm(p + "attn_output.weight", att.reshape(T, nh * hd) * _sigmoid(gate))
 
 
+def _qkv_and_z(hp, W, mm, p, h):
+    """The conv input (T, 2Kd + Vd) and the output gate z (T, Hv, S). A fused ssm_in (qwen3next
+    packs of earlier converters) is, per token, Hk key groups of [q (S) | k (S) | v (rS) | z (rS)]
+    (qwen3next.cpp's build_qkvz): the conv input is every group's q, then k, then v."""
+    T, S, Hk, Hv = h.shape[0], hp.S, hp.Hk, hp.Hv
+    if p + "attn_qkv.weight" in W:
+        return mm(p + "attn_qkv.weight", h), mm(p + "attn_gate.weight", h).reshape(T, Hv, S)
+    r = Hv // Hk
+    groups = mm(p + "ssm_in.weight", h).reshape(T, Hk, 2 * S + 2 * r * S)
+    q, k, v, z = np.split(groups, [S, 2 * S, 2 * S + r * S], axis=2)
+    qkv = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=1)
+    return qkv, z.reshape(T, Hv, S)
+
+
 def _delta_net(hp, W, mm, p, h):
     T, S, Hk, Hv, K = h.shape[0], hp.S, hp.Hk, hp.Hv, hp.K
     Kd, Vd = S * Hk, S * Hv
-    qkv = mm(p + "attn_qkv.weight", h)  # (T, 2Kd + Vd)
-    z = mm(p + "attn_gate.weight", h).reshape(T, Hv, S)
+    qkv, z = _qkv_and_z(hp, W, mm, p, h)  # (T, 2Kd + Vd), (T, Hv, S)
     r = Hv // Hk
     if p + "ssm_ba.weight" in W:  # qwen3next: per key group [b(r) | a(r)], value head g*r + i
         ba = mm(p + "ssm_ba.weight", h).reshape(T, Hk, 2 * r)

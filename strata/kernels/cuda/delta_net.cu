@@ -2,26 +2,32 @@
 // delta rule of every sequence of a window in one launch each, reading and writing the recurrent
 // state pool in place (no host round trip, no per-token launch).
 //
-// The pool holds, per recurrent layer, per cell (sequence) and per copy (the state at the window's
-// start and the one the window writes: strata/model/recurrent_state.py):
-//   conv  [layer][cell][copy][K-1][C]        the last K-1 conv inputs, oldest first
-//   state [layer][cell][copy][H][dk][dv]     the delta rule's matrix, dv fastest
-// The window table has one row of 4 int64 per sequence: cell, active copy, first row, row count.
-// It is read on the device only, so a CUDA graph of a window replays for any cells and copies.
+// The pool holds, per recurrent layer, copies of the state; a sequence owns two (the state at the
+// window's start and the one the window writes) or, without a rollback copy, one that the window
+// updates in place (strata/model/recurrent_state.py):
+//   conv  [layer][copy][K-1][C]        the last K-1 conv inputs, oldest first
+//   state [layer][copy][H][dk][dv]     the delta rule's matrix, dv fastest
+// The window table has one row of TABLE_COLS int64 per sequence: the copy read, the copy written
+// (the same copy in place), first row, row count, replay row (-1: none). It is read on the device
+// only, so a CUDA graph of a window replays for any copies.
+// In place is safe because each thread reads every state element it writes, and only those, into
+// registers before the first write (conv: channel c's K-1 taps; delta: column j of its head).
 
 #define MAX_CONV 8
+#define TABLE_COLS 5
 
 extern "C" __global__ void causal_conv(const float* __restrict__ x, long long x_stride,
                                        const float* __restrict__ w, int C, int K,
-                                       float* __restrict__ pool, long long cells, int layer,
+                                       float* __restrict__ pool, long long copies, int layer,
                                        const long long* __restrict__ table, float* __restrict__ y) {
     const int s = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int cell = (int)table[4 * s], active = (int)table[4 * s + 1], r0 = (int)table[4 * s + 2], cnt = (int)table[4 * s + 3];
+    const long long* row_s = table + TABLE_COLS * s;
+    const int read = (int)row_s[0], write = (int)row_s[1], r0 = (int)row_s[2], cnt = (int)row_s[3];
     const size_t per_copy = (size_t)(K - 1) * C;
-    const float* st_in = pool + (((size_t)layer * cells + cell) * 2 + active) * per_copy;
-    float* st_out = pool + (((size_t)layer * cells + cell) * 2 + (1 - active)) * per_copy;
+    const float* st_in = pool + ((size_t)layer * copies + read) * per_copy;
+    float* st_out = pool + ((size_t)layer * copies + write) * per_copy;
     float buf[MAX_CONV], wk[MAX_CONV];
     for (int j = 0; j < K - 1; ++j) buf[j] = st_in[(size_t)j * C + c];
     for (int j = 0; j < K; ++j) wk[j] = w[(size_t)c * K + j];
@@ -38,15 +44,17 @@ extern "C" __global__ void causal_conv(const float* __restrict__ x, long long x_
 }
 
 // The rows of a window's input projection that a rollback inside it replays, kept in the pool:
-// replay [layer][cell][R][W], for each sequence of at most R rows (a decode window).
+// replay [layer][replay row][R][W], for each sequence with a replay row and at most R rows (a
+// decode window).
 extern "C" __global__ void keep_rows(const float* __restrict__ proj, long long P, int W,
-                                     float* __restrict__ replay, long long cells, int R, int layer,
+                                     float* __restrict__ replay, long long rows, int R, int layer,
                                      const long long* __restrict__ table) {
     const int s = blockIdx.y, t = blockIdx.z;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    const int cell = (int)table[4 * s], r0 = (int)table[4 * s + 2], cnt = (int)table[4 * s + 3];
-    if (c >= W || cnt > R || t >= cnt) return;
-    replay[(((size_t)layer * cells + cell) * R + t) * W + c] = proj[(long long)(r0 + t) * P + c];
+    const long long* row_s = table + TABLE_COLS * s;
+    const int r0 = (int)row_s[2], cnt = (int)row_s[3], kept = (int)row_s[4];
+    if (c >= W || kept < 0 || cnt > R || t >= cnt) return;
+    replay[(((size_t)layer * rows + kept) * R + t) * W + c] = proj[(long long)(r0 + t) * P + c];
 }
 
 // sum over the block's S threads (S a multiple of 32, at most 1024)
@@ -75,13 +83,14 @@ __device__ void gated_delta(const float* __restrict__ y, int C, int Kd,
                             const long long* __restrict__ beta_cols, const long long* __restrict__ alpha_cols,
                             const float* __restrict__ dt, const float* __restrict__ A,
                             const long long* __restrict__ key_head, const float* __restrict__ norm_w, float eps,
-                            float* __restrict__ pool, long long cells, int layer, int H,
+                            float* __restrict__ pool, long long copies, int layer, int H,
                             const long long* __restrict__ table, float* __restrict__ out) {
     const int h = blockIdx.x, s = blockIdx.y, j = threadIdx.x;
-    const int cell = (int)table[4 * s], active = (int)table[4 * s + 1], r0 = (int)table[4 * s + 2], cnt = (int)table[4 * s + 3];
+    const long long* row_s = table + TABLE_COLS * s;
+    const int read = (int)row_s[0], write = (int)row_s[1], r0 = (int)row_s[2], cnt = (int)row_s[3];
     const size_t per_copy = (size_t)H * S * S;
-    const float* st_in = pool + (((size_t)layer * cells + cell) * 2 + active) * per_copy + (size_t)h * S * S;
-    float* st_out = pool + (((size_t)layer * cells + cell) * 2 + (1 - active)) * per_copy + (size_t)h * S * S;
+    const float* st_in = pool + ((size_t)layer * copies + read) * per_copy + (size_t)h * S * S;
+    float* st_out = pool + ((size_t)layer * copies + write) * per_copy + (size_t)h * S * S;
     __shared__ float qs[S], ks[S], red[32];
     float st[S];
 #pragma unroll
@@ -125,10 +134,10 @@ __device__ void gated_delta(const float* __restrict__ y, int C, int Kd,
     extern "C" __global__ void __launch_bounds__(S) gated_delta_##S(                                     \
         const float* y, int C, int Kd, const float* proj, long long P, const long long* beta_cols,       \
         const long long* alpha_cols, const float* dt, const float* A, const long long* key_head,          \
-        const float* norm_w, float eps, float* pool, long long cells, int layer, int H, const long long* table, \
+        const float* norm_w, float eps, float* pool, long long copies, int layer, int H, const long long* table, \
         float* out) {                                                                                    \
         gated_delta<S>(y, C, Kd, proj, P, beta_cols, alpha_cols, dt, A, key_head, norm_w, eps, pool,     \
-                       cells, layer, H, table, out);                                                     \
+                       copies, layer, H, table, out);                                                    \
     }
 GATED_DELTA(32)
 GATED_DELTA(64)

@@ -1,5 +1,7 @@
 """Gated DeltaNet kernels (delta_net.cu) over a whole window: every sequence's conv and delta
-rule in one launch each, in place in the recurrent pool (strata/model/recurrent_state.py).
+rule in one launch each, in place in the recurrent pool (strata/model/recurrent_state.py), each
+sequence's copies and replay row named by its row of the window table (delta_net.cu: copy read,
+copy written, first row, count, replay row).
 
     conv_window(x, w, pool_conv, layer, table) -> silu(conv) rows (n, C)
     keep_rows(proj, pool_replay, layer, table): the rows a cut inside the window replays

@@ -23,12 +23,13 @@ class FamilyTraits:
     imrope: bool  # rope.dimension_sections (IMRoPE) instead of plain NEOX rope
     grouped_heads: bool  # value head j reads key head j // (H_v / H_k); else j % H_k (tiled)
     fused_ba: bool  # beta and alpha come from one ssm_ba matrix, [b(r) | a(r)] per key group
+    fused_qkvz: bool  # a fused ssm_in (earlier converters) may stand in for attn_qkv + attn_gate
 
 
 FAMILY: dict[str, FamilyTraits] = {
-    "qwen35moe": FamilyTraits(moe=True, imrope=True, grouped_heads=False, fused_ba=False),
-    "qwen35": FamilyTraits(moe=False, imrope=True, grouped_heads=False, fused_ba=False),
-    "qwen3next": FamilyTraits(moe=True, imrope=False, grouped_heads=True, fused_ba=True),
+    "qwen35moe": FamilyTraits(moe=True, imrope=True, grouped_heads=False, fused_ba=False, fused_qkvz=False),
+    "qwen35": FamilyTraits(moe=False, imrope=True, grouped_heads=False, fused_ba=False, fused_qkvz=False),
+    "qwen3next": FamilyTraits(moe=True, imrope=False, grouped_heads=True, fused_ba=True, fused_qkvz=True),
 }
 HYBRID_ARCHS = tuple(FAMILY)
 HYBRID_MOE_ARCHS = tuple(a for a, t in FAMILY.items() if t.moe)

@@ -6,38 +6,25 @@ as (x, y) as in strata.model.transformer (the add is left to the next norm, whic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from strata.backend.base import Backend, RopeParams, TensorSource
+from strata.backend.base import Backend, RopeParams, SourceView, TensorSource
 from strata.errors import StrataError
 from strata.model.config import ModelConfig
+from strata.model.hybrid.fused_qkvz import split_ssm_in
+from strata.model.hybrid.tensors import TensorSpec, input_forms
 from strata.model.transformer import TensorLookup, _expect
 
 
-@dataclass(frozen=True)
-class _AsColumn:
+class _AsColumn(SourceView):
     """A 1-D tensor (n,) seen as an (n, 1) matrix: the shared expert's one-output gate, fused
     into the router's linear."""
-
-    src: TensorSource
-
-    @property
-    def name(self) -> str:
-        return self.src.name
-
-    @property
-    def ggml_type(self) -> int:
-        return self.src.ggml_type
 
     @property
     def shape(self) -> tuple[int, ...]:
         return (int(self.src.shape[0]), 1)
-
-    def data(self) -> Any:
-        return self.src.data()
 
 
 class _Reader:
@@ -61,6 +48,31 @@ class _Reader:
             raise StrataError(f"pack: missing required tensor {self.prefix}{missing[0]} "
                               f"(or {self.prefix}{fused} in its place)")
         return [self.req(n, s) for n, s in parts]
+
+    def spec(self, t: TensorSpec) -> TensorSource:
+        """A tensor of the family's table (its name is whole, prefix included)."""
+        return _expect(self.get(t.name), t.name, t.ne)
+
+
+# How each input form becomes the rows of [attn_qkv | attn_gate] that DeltaNet reads.
+_INPUT_ROWS = {
+    "split": lambda sources, h: sources,
+    "fused": lambda sources, h: [split_ssm_in(sources[0], h)],
+}
+
+
+def _input_projection(cfg: ModelConfig, r: _Reader) -> tuple[list[TensorSource], str]:
+    """The q/k/v + z rows of a DeltaNet layer from the first input form the pack holds whole
+    (tensors.input_forms), and that form's name."""
+    forms = input_forms(cfg, r.prefix)
+    for form, specs in forms.items():
+        if all(r.get(t.name) is not None for t in specs):
+            return _INPUT_ROWS[form]([r.spec(t) for t in specs], cfg.hybrid), form
+    split = forms["split"]
+    missing = next(t.name for t in split if r.get(t.name) is None)
+    others = [t.name for form, specs in forms.items() if form != "split" for t in specs]
+    instead = f" (or {' + '.join(others)} in its place)" if others else ""
+    raise StrataError(f"pack: missing required tensor {missing}{instead}")
 
 
 # ----------------------------------------------------------------------------- attention
@@ -97,9 +109,10 @@ class DeltaNet:
     """Gated DeltaNet linear attention (strata/model/recurrent_state.py keeps its state).
 
     One linear gives the conv's q/k/v inputs, the output gate z and the delta rule's beta and
-    alpha; a causal conv (SiLU) mixes the last d_conv inputs; q and k are l2-normed; the gated
-    delta rule updates the per-sequence state and reads it with q; the output is RMS-normed per
-    head, gated by silu(z) and projected back."""
+    alpha (q/k/v and z from attn_qkv + attn_gate, or from a fused ssm_in put in their row order
+    at load: `input_form` says which the pack held); a causal conv (SiLU) mixes the last d_conv
+    inputs; q and k are l2-normed; the gated delta rule updates the per-sequence state and reads
+    it with q; the output is RMS-normed per head, gated by silu(z) and projected back."""
 
     def __init__(self, b: Backend, cfg: ModelConfig, r: _Reader):
         h = cfg.hybrid
@@ -115,8 +128,8 @@ class DeltaNet:
         else:
             ba = [r.req("ssm_beta.weight", (E, H)), r.req("ssm_alpha.weight", (E, H))]
             beta_cols, alpha_cols = np.arange(H), H + np.arange(H)
-        self.w_in = b.linear_weight([r.req("attn_qkv.weight", (E, h.conv_dim)),
-                                     r.req("attn_gate.weight", (E, h.value_dim)), *ba])
+        qkvz, self.input_form = _input_projection(cfg, r)
+        self.w_in = b.linear_weight([*qkvz, *ba])
         base = h.conv_dim + h.value_dim
         self.beta_cols = b.asarray(base + beta_cols.astype(np.int64))
         self.alpha_cols = b.asarray(base + alpha_cols.astype(np.int64))

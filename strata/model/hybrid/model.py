@@ -25,6 +25,14 @@ from strata.model.transformer import Span, TensorLookup, advance, load_embedding
 REPLAY_TOKENS = 16
 
 
+def recurrent_shape(cfg: ModelConfig) -> RecurrentShape:
+    """A sequence's recurrent state, from the config alone (`strata probe` sizes it unloaded)."""
+    h = cfg.hybrid
+    return RecurrentShape(n_layer=h.n_recurrent, conv_rows=h.d_conv - 1, channels=h.conv_dim,
+                          heads=h.n_v_heads, head_v=h.d_state, head_k=h.d_state,
+                          replay_width=DeltaNet.replay_width(cfg))
+
+
 def rope_of(cfg: ModelConfig) -> RopeParams:
     h = cfg.hybrid
     return RopeParams(cfg.rope_base, cfg.rope_dim, cfg.rope_scale, True, frozen_rope_pairs(h.sections, cfg.rope_dim))
@@ -53,24 +61,27 @@ class HybridModel:
         self.recurrent_layers = [layer for layer in self.layers if layer.recurrent]
         load_head(self, backend, cfg, get)
         self.replay_tokens = REPLAY_TOKENS
-        self.state_shape = RecurrentShape(n_layer=n_rec, conv_rows=h.d_conv - 1, channels=h.conv_dim,
-                                          heads=h.n_v_heads, head_v=h.d_state, head_k=h.d_state,
-                                          replay_width=DeltaNet.replay_width(cfg))
+        self.state_shape = recurrent_shape(cfg)
         self.pool: RecurrentPool | None = None  # made with the first cache (replay_tokens is final then)
 
     # --- per sequence ----------------------------------------------------------------------
-    def new_cache(self, max_ctx: int, kind: str) -> HybridCache:
+    def new_cache(self, max_ctx: int, kind: str, checkpoint: bool = True) -> HybridCache:
+        """A sequence's cache; checkpoint False: one state copy, no rollback (recurrent_state.py)."""
         c = self.cfg
         kv = KVCache(self.b.xp, max(1, self.n_attention), c.n_head_kv, c.head_dim, max_ctx, kind)
         if self.pool is None:
             self.pool = RecurrentPool(self.b.xp, self.state_shape, self.replay_tokens)
-        cache = HybridCache(self.b.xp, kv, self.pool)
+        cache = HybridCache(self.b.xp, kv, self.pool, checkpoint)
         cache.replayer = self._replay
         return cache
 
-    def state_bytes(self) -> int:
+    def state_bytes(self, checkpoint: bool = True) -> int:
         """Private bytes per sequence besides its KV cache (the start-up line, docs/MTP.md)."""
-        return HybridCache.state_bytes(self.state_shape, self.replay_tokens)
+        return HybridCache.state_bytes(self.state_shape, self.replay_tokens, checkpoint)
+
+    def checkpoint_bytes(self) -> int:
+        """What a sequence's rollback copy costs: the second state copy and the replay inputs."""
+        return HybridCache.checkpoint_bytes(self.state_shape, self.replay_tokens)
 
     def _replay(self, cache: HybridCache, inputs: list[Any]) -> None:
         for layer, kept in zip(self.recurrent_layers, inputs):

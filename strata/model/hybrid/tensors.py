@@ -3,7 +3,9 @@ one table that the loader's shape check, the layers and `strata pack synth` read
 
 Shapes are ggml order (ne0, the row length, first). `role` is the synth type role that picks a
 tensor's type (`--type ROLE=TYPE`); None keeps it F32 (norms, gates, the conv kernel, ssm_a).
-`fill` says how synth fills it (strata/pack/synth.py).
+`fill` says how synth fills it (strata/pack/synth.py). A DeltaNet layer's input projection comes
+in one of INPUT_FORMS (`form`): the layers take the first form a pack holds whole, synth writes
+the one it is asked for.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ class TensorSpec:
     role: str | None = None  # synth type role (None: F32)
     fill: str = "weight"  # weight | norm | bias | ssm_a | conv
     required: bool = True  # False: an alternative form may stand in (the loader says which)
+    form: str | None = None  # the DeltaNet input form it belongs to (INPUT_FORMS); None: any pack
+
+
+# A DeltaNet input projection: "split" attn_qkv + attn_gate (today's converters), or "fused" one
+# ssm_in holding q, k, v and z per key group (earlier qwen3next converters; fused_qkvz.py has the
+# layout). llama.cpp's qwen3next.cpp reads either, the split one first.
+INPUT_FORMS = ("split", "fused")
 
 
 def _attention(cfg: ModelConfig, p: str) -> list[TensorSpec]:
@@ -37,12 +46,30 @@ def _attention(cfg: ModelConfig, p: str) -> list[TensorSpec]:
     ]
 
 
+def _delta_net_input(cfg: ModelConfig, p: str) -> list[TensorSpec]:
+    h = cfg.hybrid
+    E = cfg.n_embd
+    out = [TensorSpec(p + "attn_qkv.weight", (E, h.conv_dim), "ssm_in", required=False, form="split"),
+           TensorSpec(p + "attn_gate.weight", (E, h.value_dim), "ssm_in", required=False, form="split")]
+    if h.traits.fused_qkvz:
+        out.append(TensorSpec(p + "ssm_in.weight", (E, h.conv_dim + h.value_dim), "ssm_in", required=False,
+                              form="fused"))
+    return out
+
+
+def input_forms(cfg: ModelConfig, p: str) -> dict[str, list[TensorSpec]]:
+    """The input projection forms a DeltaNet layer (prefix p) may hold, in the order tried."""
+    out: dict[str, list[TensorSpec]] = {}
+    for t in _delta_net_input(cfg, p):
+        out.setdefault(t.form, []).append(t)
+    return out
+
+
 def _delta_net(cfg: ModelConfig, p: str) -> list[TensorSpec]:
     h = cfg.hybrid
     E, H = cfg.n_embd, h.n_v_heads
     out = [
-        TensorSpec(p + "attn_qkv.weight", (E, h.conv_dim), "ssm_in"),
-        TensorSpec(p + "attn_gate.weight", (E, h.value_dim), "ssm_in"),
+        *_delta_net_input(cfg, p),
         TensorSpec(p + "ssm_conv1d.weight", (h.d_conv, h.conv_dim), fill="conv"),
         TensorSpec(p + "ssm_dt.bias", (H,), fill="bias"),
         TensorSpec(p + "ssm_a", (H,), fill="ssm_a"),
