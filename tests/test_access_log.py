@@ -88,6 +88,20 @@ def test_refusals_and_other_routes_are_logged_without_counts(server):
     assert logged(server, n, "GET", "/v1/x%0Aevil", 404) == ("-", "-")
 
 
+def test_health_polls_are_logged_only_when_their_status_changes(server):
+    """The supervisor polls the engine every 2 s and the test polled the server until it was
+    ready: neither buries the log, yet each status reached is there once."""
+    lines = lambda: [ln for ln in server.lines if re.match(r"strata (serve|engine): GET /health ", ln)]  # noqa: E731
+    ready = [ln for ln in lines() if " GET /health 200 " in ln]
+    assert len(ready) == 1, server.output()
+    before = len(lines())
+    for _ in range(5):
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    plain(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1})  # a request after them is logged
+    logged(server, 0, "POST", "/v1/completions", 200)
+    assert len(lines()) == before, server.output()
+
+
 def test_the_served_id_is_the_file_stem_and_the_general_name_is_accepted(server):
     models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
     assert [m["id"] for m in models] == [ID]

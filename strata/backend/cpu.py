@@ -35,6 +35,27 @@ class DenseExperts:
     type_id: int
 
 
+# Rows copied per step when a weight is transposed: a block of rows (and its columns of the
+# result) stays in cache, where numpy's one-pass transposed copy strides through all of memory
+# (the 49152 x 576 head: 135 vs 392 ms; the model loads ~0.5 s sooner).
+TRANSPOSE_ROWS = 128
+
+
+def transposed(mats: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """The rows of mats stacked, transposed, as one C-contiguous float32 array (in, sum of outs),
+    written into `out` when given."""
+    n_in = mats[0].shape[1]
+    if out is None:
+        out = np.empty((n_in, sum(m.shape[0] for m in mats)), np.float32)
+    col = 0
+    for m in mats:
+        for r in range(0, m.shape[0], TRANSPOSE_ROWS):
+            block = m[r : r + TRANSPOSE_ROWS]
+            out[:, col + r : col + r + block.shape[0]] = block.T
+        col += m.shape[0]
+    return out
+
+
 def dequantize_source(src: TensorSource) -> np.ndarray:
     """Dequantize a tensor to float32 shaped numpy-style (reverse of ggml's ne order)."""
     n = int(np.prod(src.shape))
@@ -84,7 +105,7 @@ class CpuBackend(Backend):
 
     def linear_weight(self, sources: Sequence[TensorSource]) -> DenseWeight:
         mats = [self._dense(s) for s in sources]
-        wt = np.ascontiguousarray(np.concatenate(mats, axis=0).T if len(mats) > 1 else mats[0].T)
+        wt = transposed(mats)
         for s in sources:  # the transposed copy is what we keep; the embedding stays for lookups
             if not s.name.startswith("token_embd"):
                 self._cache.pop(s.name, None)
@@ -97,7 +118,10 @@ class CpuBackend(Backend):
 
     def expert_weight(self, source: TensorSource) -> DenseExperts:
         w = dequantize_source(source)  # (n_expert, out, in)
-        return DenseExperts(np.ascontiguousarray(w.transpose(0, 2, 1)), source.name, source.ggml_type)
+        wt = np.empty((w.shape[0], w.shape[2], w.shape[1]), np.float32)
+        for e in range(w.shape[0]):
+            transposed([w[e]], out=wt[e])
+        return DenseExperts(wt, source.name, source.ggml_type)
 
     def vector(self, source: TensorSource) -> np.ndarray:
         return np.ascontiguousarray(dequantize_source(source).reshape(-1), dtype=np.float32)

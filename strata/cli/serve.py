@@ -28,10 +28,19 @@ def _warn(line: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from strata.server.config import check_engine_start, load_config, with_overrides
-    from strata.server.supervisor import run_server
+    from strata.server.engine_launch import launch_first
 
     cfg = with_overrides(load_config(args.config, warn=_warn), host=args.host, port=args.port,
                          allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
                          access_log=False if args.no_access_log else None)
     check_engine_start(cfg, args.config)  # a missing pack or a bad flag: one line, before any engine starts
-    return run_server(cfg)
+    # The first engine starts now and loads its model while the web stack below is imported; it
+    # leaves by itself if this process does (it watches its stdin, a pipe from here).
+    first = launch_first(cfg.args, cfg.engine_parallel(), cfg.model)
+    try:
+        from strata.server.supervisor import run_server
+
+        return run_server(cfg, first=first)
+    finally:
+        if not first.adopted:  # the server failed before it took the engine over (e.g. its port)
+            first.proc.kill()

@@ -125,10 +125,17 @@ def access_line(prefix: str, method: str, path: str, status: int, rec: AccessRec
 
 class AccessLog:
     """ASGI middleware, outermost: one line per HTTP request once its answer has been sent (a
-    stream's when it ends), with the status sent (500 when none was; 499: the client left first)."""
+    stream's when it ends), with the status sent (500 when none was; 499: the client left first).
+
+    Health polls (the supervisor's every 2 s, a load balancer's) would bury the requests, so
+    `/health` is logged only when its status differs from the last one logged: loading -> ready,
+    ready -> unhealthy, each once."""
+
+    QUIET_PATHS = ("/health",)
 
     def __init__(self, app, log: Callable[[str], None], prefix: str):
         self.app, self.log, self.prefix = app, log, prefix
+        self._last_status: dict[str, int] = {}  # quiet path -> status last logged
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -146,8 +153,11 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            self.log(access_line(self.prefix, scope.get("method", "?"), scope.get("path", ""), status, rec,
-                                 1000 * (time.perf_counter() - t0)))
+            path = scope.get("path", "")
+            if path not in self.QUIET_PATHS or self._last_status.get(path) != status:
+                self._last_status[path] = status
+                self.log(access_line(self.prefix, scope.get("method", "?"), path, status, rec,
+                                     1000 * (time.perf_counter() - t0)))
 
 
 def _stderr(line: str) -> None:

@@ -18,17 +18,8 @@ from typing import Callable
 
 from strata.engine.options import EngineOptions
 from strata.errors import EXIT_DEVICE_LOST, StrataError
-from strata.server.app import EngineAPI
-from strata.server.edge import EdgePolicy
-from strata.server.serving import bind, request_exit, serve
+from strata.server.engine_launch import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
 
-# environment set by `strata serve` for its engine child
-ENV_PARENT_WATCH = "STRATA_PARENT_WATCH"  # "stdin": exit when stdin reaches end-of-file
-ENV_PARENT_PID = "STRATA_PARENT_PID"
-# The key `strata serve` gives its engine child, through the environment (argv shows in `ps`):
-# every route of the child, /health included, needs it, so no other local process can reach the
-# engine around the server's API key, queue bound and timeouts.
-ENV_ENGINE_SECRET = "STRATA_ENGINE_SECRET"
 ENGINE_DRAIN_S = 30.0
 # The exit code of a supervised engine whose port (picked by `strata serve`) was taken before it
 # could bind: the server's race, not the user's error (exit 2), so the server does not stop for it
@@ -99,6 +90,8 @@ def watch_parent(log: Callable[[str], None]) -> None:
 def _key_and_edge(opts: EngineOptions) -> dict:
     """The supervisor's secret (every route) when there is one, else the user's --api-key
     (every route but /health, as llama-server: probes carry no key)."""
+    from strata.server.edge import EdgePolicy
+
     secret = os.environ.pop(ENV_ENGINE_SECRET, None)  # popped: not inherited by anything we start
     key, exempt = (secret, frozenset()) if secret else (opts.api_key, frozenset({"/health"}))
     edge = EdgePolicy.for_bind(opts.host, api_key=key, key_exempt=exempt, allowed_hosts=opts.allowed_hosts,
@@ -114,38 +107,71 @@ def load_core(opts: EngineOptions, log: Callable[[str], None]):
     return EngineCore.load(opts, log=log)
 
 
+class _Loading:
+    """The engine core loading on its own thread, begun before the web stack is imported: the
+    weights load (numpy, mostly outside the GIL) while FastAPI and the app are built. The core
+    starts only once the app is there to take it (`attach_to`)."""
+
+    def __init__(self, opts: EngineOptions, log: Callable[[str], None], loader):
+        self.failure: list[BaseException] = []
+        self.core = None
+        self._app_ready = threading.Event()
+        self._api = self._app = None
+        self._log = log
+        threading.Thread(target=self._run, args=(opts, loader), name="strata-load", daemon=True).start()
+
+    def attach_to(self, api, app) -> None:
+        self._api, self._app = api, app
+        self._app_ready.set()
+
+    def _run(self, opts: EngineOptions, loader) -> None:
+        from strata.server.serving import request_exit
+
+        log = self._log
+        try:
+            core = loader(opts, log)
+        except BaseException as e:  # noqa: BLE001 - reported after the server stops
+            self._app_ready.wait()
+            self._api.failure = e.message if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
+            self.failure.append(e)
+            request_exit(self._app)
+            return
+        self._app_ready.wait()  # (the server listens before the core starts taking requests)
+        api = self._api
+        try:
+            core.scheduler.on_fatal = lambda why: _exit_soon(log, why)
+            core.start()
+            self.core = core
+            api.attach(core)
+            log(f"strata engine: ready: model {api.model_name}, {core.parallel} slot(s), context {core.n_ctx}")
+        except BaseException as e:  # noqa: BLE001
+            api.failure = e.message if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
+            self.failure.append(e)
+            request_exit(self._app)
+
+
 def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loader=load_core) -> int:
     """Serve the API on opts.host:opts.port; `loader(opts, log)` builds the core (on a thread)."""
     watch_parent(log)  # (start-up warnings for flags are printed by the core's loader)
     supervised = ENV_ENGINE_SECRET in os.environ  # (read before _key_and_edge pops it)
+    key_and_edge = _key_and_edge(opts)
+    loading = _Loading(opts, log, loader)
+
+    from strata.server.app import EngineAPI
+    from strata.server.serving import bind, serve
+
     api = EngineAPI(model_name=opts.alias, log=log, max_queued=getattr(opts, "max_queued", None),
                     body_timeout=opts.body_timeout, access_log=not opts.no_access_log,
-                    usage_trailer=supervised, **_key_and_edge(opts))
+                    usage_trailer=supervised, **key_and_edge)
     app = api.app
-    failure: list[BaseException] = []
-    loaded: dict = {}
-
-    def load() -> None:
-        try:
-            core = loader(opts, log)
-            core.scheduler.on_fatal = lambda why: _exit_soon(log, why)
-            core.start()
-            loaded["core"] = core
-            api.attach(core)
-            log(f"strata engine: ready: model {api.model_name}, {core.parallel} slot(s), context {core.n_ctx}")
-        except BaseException as e:  # noqa: BLE001 - reported after the server stops
-            api.failure = e.message if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"
-            failure.append(e)
-            request_exit(app)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         loop = asyncio.get_running_loop()
-        threading.Thread(target=load, name="strata-load", daemon=True).start()
+        loading.attach_to(api, app)
         yield
-        core = loaded.get("core")
-        if core is not None:
-            await loop.run_in_executor(None, core.stop)
+        if loading.core is not None:
+            await loop.run_in_executor(None, loading.core.stop)
 
     app.router.lifespan_context = lifespan
     try:
@@ -158,8 +184,8 @@ def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loa
     log(f"strata engine: listening on http://{host}:{port} (loading the model)")
 
     serve(app, sock, on_signal=lambda: api.begin_drain(ENGINE_DRAIN_S), graceful_timeout_s=ENGINE_DRAIN_S + 5)
-    if failure:
-        e = failure[0]
+    if loading.failure:
+        e = loading.failure[0]
         if isinstance(e, StrataError):
             raise e
         log("strata engine: internal error while loading:\n" + "".join(traceback.format_exception(e)).rstrip())

@@ -22,17 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import os
 import re
 import secrets
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 from urllib.parse import quote
 
@@ -47,7 +42,7 @@ from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, fir
 from strata.server.config import ServerConfig
 from strata.server.edge import EdgeMiddleware, EdgePolicy
 from strata.server.app import ACCESS_KEY, USAGE_TRAILER, USAGE_TRAILER_HEADER, AccessLog, AccessRecord
-from strata.server.engine_process import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
+from strata.server.engine_launch import Launched, engine_argv, engine_command, free_port, launch
 from strata.server.errors import APIError, invalid
 from strata.server.metrics import CONTENT_TYPE, ServerMetrics
 from strata.server.embeddings import EmbeddingRequest
@@ -95,26 +90,14 @@ def _died(code: int | None) -> APIError:
     return APIError("server_error", DIED_MESSAGE.format(code=code), status=503, code="engine_stopped")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def engine_command() -> list[str]:
-    """How to start `strata engine` with this interpreter."""
-    module = "strata" if importlib.util.find_spec("strata.__main__") else "strata.cli.main"
-    return [sys.executable, "-m", module, "engine"]
-
-
 # ---------------------------------------------------------------- one engine child
 
 class EngineChild:
     """One engine process: its pipes, its exit, its readiness, its slots."""
 
-    def __init__(self, argv: list[str], port: int, parallel: int, log: Callable[[str], None],
-                 loop: asyncio.AbstractEventLoop, secret: str = ""):
-        self.port = port
+    def __init__(self, launched: Launched, parallel: int, log: Callable[[str], None],
+                 loop: asyncio.AbstractEventLoop):
+        self.port = port = launched.port
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         self.loop = loop
@@ -127,9 +110,8 @@ class EngineChild:
         self.slots = asyncio.Semaphore(parallel)
         self.ready: asyncio.Future = loop.create_future()
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=_child_env(secret), **_child_flags())
+        self.started_at = launched.started_at
+        self.proc = launched.proc
         self._readers = [threading.Thread(target=self._pipe, args=(s,), daemon=True, name="strata-engine-log")
                          for s in (self.proc.stdout, self.proc.stderr)]
         for t in self._readers:
@@ -198,32 +180,13 @@ def _start_failure_reason(child: EngineChild) -> str:
     return f"it exited with code {child.exit_code}{tail}"
 
 
-def _child_env(secret: str = "") -> dict[str, str]:
-    env = dict(os.environ)
-    if secret:
-        env[ENV_ENGINE_SECRET] = secret
-    # `python -m strata` must work even when strata is run from a checkout, not installed
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env[ENV_PARENT_WATCH] = "stdin"
-    env[ENV_PARENT_PID] = str(os.getpid())
-    return env
-
-
-def _child_flags() -> dict[str, Any]:
-    # Own process group / session: a Ctrl-C in the terminal reaches only the server, which
-    # then stops the engine in order (and CTRL_BREAK can target the engine's group on Windows).
-    if sys.platform == "win32":
-        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
-    return {"start_new_session": True}
-
-
 # ---------------------------------------------------------------- the supervisor
 
 class Supervisor:
     def __init__(self, cfg: ServerConfig, log: Callable[[str], None] = log_stderr,
-                 command: list[str] | None = None):
+                 command: list[str] | None = None, first: Launched | None = None):
+        """`first`: the first engine, already started (strata serve starts it before it imports
+        the web stack, so the model loads meanwhile); None: started with the server."""
         self.cfg = cfg
         self.parallel = cfg.engine_parallel()
         self.log = log
@@ -243,15 +206,11 @@ class Supervisor:
         self.on_fatal: Callable[[], None] = lambda: None  # stops the server (run_server sets it)
         # the key of every engine child (strata.server.engine_process.ENV_ENGINE_SECRET);
         # the client below sends it on every call to the child
-        self.engine_secret = secrets.token_urlsafe(32)
+        self.engine_secret = first.secret if first is not None else secrets.token_urlsafe(32)
+        self._first = first
 
     def engine_argv(self, port: int) -> list[str]:
-        # --no-access-log: this server writes the one line per request (with the engine's usage)
-        argv = [*self.command, *self.cfg.args, "--parallel", str(self.parallel),
-                "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
-        if self.cfg.model:
-            argv += ["--alias", self.cfg.model]
-        return argv
+        return engine_argv(self.command, self.cfg.args, self.parallel, port, self.cfg.model)
 
     # ------------------------------------------------------------ starting and stopping
     async def start(self) -> None:
@@ -262,14 +221,18 @@ class Supervisor:
             self._spawn()
 
     def _spawn(self) -> EngineChild:
-        port = free_port()
-        argv = self.engine_argv(port)
+        launched, self._first = self._first, None
+        if launched is None:
+            port = free_port()
+            launched = launch(self.engine_argv(port), port, self.engine_secret)
+        launched.adopted = True
+        port = launched.port
         if self._starts:
             self.metrics.engine_restarts.inc()
             self.log("strata serve: restarting the engine")
         self._starts += 1
         self.metrics.engine_starts.inc()
-        child = EngineChild(argv, port, self.parallel, self.log, asyncio.get_running_loop(), self.engine_secret)
+        child = EngineChild(launched, self.parallel, self.log, asyncio.get_running_loop())
         self.log(f"strata serve: engine pid {child.pid} starting on port {port}")
         self.child = child
         asyncio.get_running_loop().create_task(self._watch(child))
@@ -773,10 +736,11 @@ async def _set_when_gone(request: Request, gone: asyncio.Event) -> None:
     gone.set()
 
 
-def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, command: list[str] | None = None) -> int:
+def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, command: list[str] | None = None,
+               first: Launched | None = None) -> int:
     """Serve until a signal (exit 0), or until the first engine refuses its pack or flags: then
-    that one line as a StrataError (exit 2)."""
-    sup = Supervisor(cfg, log, command)
+    that one line as a StrataError (exit 2). `first`: the first engine, already started."""
+    sup = Supervisor(cfg, log, command, first)
     app = ServeApp(sup).app
     sup.on_fatal = lambda: request_exit(app)
     sock = bind(cfg.host, cfg.port)
