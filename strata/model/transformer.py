@@ -187,6 +187,7 @@ def load_head(model: Any, backend: Backend, cfg: ModelConfig, get: TensorLookup)
 
 class Transformer:
     graphable = True  # the CUDA window graphs and fused drafting may capture its windows
+    draft_graphable = True  # a draft of its block shape may replay captured graphs
     def __init__(self, backend: Backend, cfg: ModelConfig, get: TensorLookup,
                  progress: Callable[[int, int], None] | None = None):
         self.b = backend

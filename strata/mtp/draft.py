@@ -131,7 +131,7 @@ class DraftModel:
         # the draft's block has the target's block shape (a hybrid model's nextn layer: gated
         # attention with its FFN); window graphs only where the target's windows take them
         self.cfg, self.block, self.runner = target.draft_parts(cfg, src.get, src.block_prefix)
-        self.graphs = getattr(backend, "graphs", None) if target.graphable else None
+        self.graphs = getattr(backend, "graphs", None) if target.draft_graphable else None
         # A draft vocabulary narrows the shared head to its tokens where the backend asks for it
         # (the CPU, where the head is ~20% of a target step; on the GPU it is a few us of a
         # window and the full head stays). Verification is exact whatever the draft proposes.

@@ -39,8 +39,12 @@ def rope_of(cfg: ModelConfig) -> RopeParams:
 
 
 class HybridModel:
-    # the CUDA window graphs and fused drafting capture Transformer windows only
+    # Fused drafting (a draft step inside the target's window) is built for Transformer windows
+    # only; this model's own windows take graphs by themselves (forward, with DeltaNet kernels).
     graphable = False
+    # The nextn draft is a gated-attention layer with this model's FFN and no recurrent state: its
+    # steps (and a chain of k greedy steps) replay captured graphs like a Transformer draft's.
+    draft_graphable = True
 
     def __init__(self, backend: Backend, cfg: ModelConfig, get: TensorLookup,
                  progress: Callable[[int, int], None] | None = None):
