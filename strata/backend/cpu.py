@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from strata.backend.base import Backend, TensorSource
+from strata.errors import StrataError
 from strata.kernels.dequant import dequantize
 
 
@@ -56,6 +57,21 @@ def transposed(mats: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.
     return out
 
 
+ENV_THREADS = "STRATA_CPU_THREADS"  # the default of --threads, for every engine a process starts
+
+
+def threads_from_env() -> int | None:
+    """STRATA_CPU_THREADS as a thread count (None when unset). Set where several engines share
+    the cores (parallel test workers, several servers): each then keeps to its share instead of
+    spinning a BLAS thread per core against the others."""
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise StrataError(f"{ENV_THREADS}={raw!r}: expected a whole number >= 1")
+    return int(raw)
+
+
 def dequantize_source(src: TensorSource) -> np.ndarray:
     """Dequantize a tensor to float32 shaped numpy-style (reverse of ggml's ne order)."""
     n = int(np.prod(src.shape))
@@ -69,7 +85,7 @@ class CpuBackend(Backend):
 
     def __init__(self, threads: int | None = None) -> None:
         self._cache: dict[str, np.ndarray] = {}
-        self._threads = threads
+        self._threads = threads or threads_from_env()
         self._current: int | None = None
         try:
             from threadpoolctl import ThreadpoolController

@@ -185,7 +185,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute backend")
     g.add_argument("--no-native", default="", metavar="TYPES",
                    help="diagnostic: comma-separated GGML types to drop from the native kernel table")
-    g.add_argument("--threads", type=_positive_int, default=None, help="CPU BLAS threads (default: every core; 1 where other work keeps the cores busy)")
+    g.add_argument("--threads", type=_positive_int, default=None, help="CPU BLAS threads (default: STRATA_CPU_THREADS, else every core; 1 where other work keeps the cores busy)")
     if serving:
         g.add_argument("--host", default="127.0.0.1")
         g.add_argument("--port", type=_non_negative_int, default=8080)
