@@ -15,7 +15,8 @@ import pytest
 from strata.pack.loader import open_pack
 from strata.server.app import model_id_of, slug
 from strata.server.config import config_from_dict, load_config, with_overrides
-from support.server_proc import StrataProcess, start_serve
+from support.early import Early, selected
+from support.server_proc import HTTP, StrataProcess, spawn_serve
 from tests.support.model_fixtures import default_model_or_skip, synth_model
 
 default_model_or_skip()
@@ -25,10 +26,36 @@ GENERAL_NAME = "Smollm2 135M 8k Lc100K Mix1 Ep2"
 LINE = r"^{who}: {method} {path} {status} in=(\S+) out=(\S+) (\d+) ms$"
 
 
+def spawn_without_log(tmp_path):
+    return spawn_serve(tmp_path, {"args": ["--max-context", "256"]}, "--no-access-log")
+
+
+def spawn_by_hand(off: bool) -> StrataProcess:
+    return StrataProcess("engine", ["--port", "0", "--max-context", "256", "--spec", "0"]
+                         + (["--no-access-log"] if off else []))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early(request, tmp_path_factory):
+    """The other tests' servers and engines start with the module and load while the shared
+    server's tests run (each test still takes its own, fresh child)."""
+    e = Early()
+    try:
+        if selected(request, "test_no_access_log_flag"):
+            e.start("no-log", lambda: spawn_without_log(tmp_path_factory.mktemp("no-log")))
+        for off in (False, True):
+            if selected(request, f"test_an_engine_run_by_hand[{off}]"):
+                e.start(f"by-hand-{off}", lambda off=off: spawn_by_hand(off))
+        yield e
+    finally:
+        e.close()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    p = start_serve(tmp_path_factory.mktemp("access"), {"parallel": 1, "args": ["--max-context", "512"]})
+    p = spawn_serve(tmp_path_factory.mktemp("access"), {"parallel": 1, "args": ["--max-context", "512"]})
     try:
+        p.wait_listening()
         p.wait_healthy()
         yield p
     finally:
@@ -42,7 +69,7 @@ def logged(p: StrataProcess, start: int, method: str, path: str, status: int, wh
 
 
 def plain(p, path: str, body: dict) -> httpx.Response:
-    return httpx.post(p.url + path, json=body, timeout=120)
+    return HTTP.post(p.url + path, json=body, timeout=120)
 
 
 def test_a_plain_request_logs_its_usage(server):
@@ -53,7 +80,7 @@ def test_a_plain_request_logs_its_usage(server):
 
 
 def _stream(p, path: str, body: dict) -> bytes:
-    with httpx.stream("POST", p.url + path, json={**body, "stream": True}, timeout=120) as r:
+    with HTTP.stream("POST", p.url + path, json={**body, "stream": True}, timeout=120) as r:
         assert r.status_code == 200
         return r.read()
 
@@ -84,7 +111,7 @@ def test_refusals_and_other_routes_are_logged_without_counts(server):
     assert plain(server, "/v1/completions", {"prompt": "x", "top_p": 5}).status_code == 400
     assert logged(server, n, "POST", "/v1/completions", 400) == ("-", "-")
     # a path with a control character is one line, the character quoted
-    assert httpx.get(server.url + "/v1/x%0aevil", timeout=30).status_code == 404
+    assert HTTP.get(server.url + "/v1/x%0aevil", timeout=30).status_code == 404
     assert logged(server, n, "GET", "/v1/x%0Aevil", 404) == ("-", "-")
 
 
@@ -96,26 +123,27 @@ def test_health_polls_are_logged_only_when_their_status_changes(server):
     assert len(ready) == 1, server.output()
     before = len(lines())
     for _ in range(5):
-        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        assert HTTP.get(server.url + "/health", timeout=10).status_code == 200
     plain(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1})  # a request after them is logged
     logged(server, 0, "POST", "/v1/completions", 200)
     assert len(lines()) == before, server.output()
 
 
 def test_the_served_id_is_the_file_stem_and_the_general_name_is_accepted(server):
-    models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+    models = HTTP.get(server.url + "/v1/models", timeout=30).json()["data"]
     assert [m["id"] for m in models] == [ID]
     for name in (ID, GENERAL_NAME):
         r = plain(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "model": name})
         assert r.status_code == 200 and r.json()["model"] == ID
-        assert httpx.get(server.url + "/v1/models/" + quote(name, safe=""), timeout=30).json()["id"] == ID
+        assert HTTP.get(server.url + "/v1/models/" + quote(name, safe=""), timeout=30).json()["id"] == ID
     r = plain(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "model": slug(GENERAL_NAME)})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
-def test_no_access_log_flag(tmp_path):
-    p = start_serve(tmp_path, {"args": ["--max-context", "256"]}, "--no-access-log")
+def test_no_access_log_flag(tmp_path, early):
+    p = early.take("no-log", lambda: spawn_without_log(tmp_path))
     try:
+        p.wait_listening()
         p.wait_healthy()
         assert plain(p, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
         assert not any(re.match(r"strata (serve|engine): (GET|POST) ", line) for line in p.lines), p.output()
@@ -130,9 +158,8 @@ def test_access_log_key():
 
 
 @pytest.mark.parametrize("off", [False, True])
-def test_an_engine_run_by_hand(off):
-    p = StrataProcess("engine", ["--port", "0", "--max-context", "256", "--spec", "0"]
-                      + (["--no-access-log"] if off else []))
+def test_an_engine_run_by_hand(off, early):
+    p = early.take(f"by-hand-{off}", lambda: spawn_by_hand(off))
     try:
         p.wait_listening()
         p.wait_healthy()

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 
-import httpx
 import numpy as np
 import pytest
 
@@ -21,13 +20,34 @@ from strata.errors import StrataError
 from strata.server.config import config_from_dict
 from strata.server.errors import APIError
 from strata.server.schemas import CompletionRequest, parse_request
-from support.server_proc import ROOT, metric, start_serve, wait_until
+from support.early import Early, finish, selected, strata_later
+from support.server_proc import HTTP, ROOT, metric, spawn_serve, wait_until
 from tests.support.model_fixtures import default_model_or_skip
 
 
 def strata(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "strata.cli.main", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early(request, tmp_path_factory):
+    """The two `strata serve` runs that load the test model start with the module, in the
+    background: they load while the quick tests run (each test still takes its own run)."""
+    e = Early()
+    try:
+        try:
+            default_model_or_skip()
+            model = True
+        except pytest.skip.Exception:
+            model = False  # (the tests that need it skip themselves)
+        if model and selected(request, "test_serve_stops_when_its_first_engine_refuses_the_pack"):
+            e.start("refused", lambda: refused_pack_serve(tmp_path_factory.mktemp("refused")))
+        if model and selected(request, "test_an_engine_that_had_served_is_restarted_with_back_off"):
+            e.start("back-off", lambda: linked_pack_serve(tmp_path_factory.mktemp("back-off")))
+        yield e
+    finally:
+        e.close()
 
 
 def one_line(done: subprocess.CompletedProcess) -> str:
@@ -75,32 +95,42 @@ def _wrong_draft(path):
                               "output_norm": np.ones(e, np.float32)}, target_arch="llama", n_embd=e)
 
 
-def test_serve_stops_when_its_first_engine_refuses_the_pack(tmp_path):
-    default_model_or_skip()
+def refused_pack_serve(tmp_path) -> subprocess.Popen:
     draft = _wrong_draft(tmp_path / "wrong.mtp.gguf")
     cfg = _config(tmp_path, {"args": ["--mtp", str(draft), "--spec", "1", "--max-context", "256"]})
-    done = strata("serve", "--config", str(cfg), "--port", "0", timeout=120)
+    return strata_later("serve", "--config", str(cfg), "--port", "0")
+
+
+def test_serve_stops_when_its_first_engine_refuses_the_pack(tmp_path, early):
+    default_model_or_skip()
+    done = finish(early.take("refused", lambda: refused_pack_serve(tmp_path)), timeout=120)
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("strata: the engine could not start: ") and "mtp.enorm.weight" in last
     assert "Traceback" not in done.stderr and "next attempt" not in done.stderr
 
 
-def test_an_engine_that_had_served_is_restarted_with_back_off(tmp_path):
-    """Only an engine that was ready once is started again; when that restart is refused (here:
-    the pack is gone), requests get 503 with the reason and the server stays up."""
+def linked_pack_serve(tmp_path):
+    """A `strata serve` of the test model through a symbolic link, and the link."""
     link = tmp_path / "pack.gguf"
     link.symlink_to(default_model_or_skip())
-    p = start_serve(tmp_path, {"args": ["--pack", str(link), "--max-context", "256"]})
+    return spawn_serve(tmp_path, {"args": ["--pack", str(link), "--max-context", "256"]}), link
+
+
+def test_an_engine_that_had_served_is_restarted_with_back_off(tmp_path, early):
+    """Only an engine that was ready once is started again; when that restart is refused (here:
+    the pack is gone), requests get 503 with the reason and the server stays up."""
+    p, link = early.take("back-off", lambda: linked_pack_serve(tmp_path))
     try:
+        p.wait_listening()
         p.wait_healthy()
         link.unlink()
         os.kill(p.engine_pids()[0], signal.SIGKILL)
-        assert wait_until(lambda: httpx.get(p.url + "/health", timeout=5).status_code == 503, 15)
-        r = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        assert wait_until(lambda: HTTP.get(p.url + "/health", timeout=5).status_code == 503, 15)
+        r = HTTP.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_start_failed"
         assert f"pack {link}: no such file or directory" in r.json()["error"]["message"]
-        r2 = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        r2 = HTTP.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
         assert r2.status_code == 503 and "next attempt in" in r2.json()["error"]["message"]
         assert metric(p.url, "strata_server_engine_starts_total") == 2
         assert p.stop(signal.SIGTERM) == 0

@@ -21,45 +21,70 @@ import os
 import signal
 import sys
 
-import httpx
 import pytest
 
 from strata.server.supervisor import DIED_MESSAGE, WATCH_ANSWER_S, WATCH_MISSES
-from support.server_proc import start_serve, wait_until
+from support.early import Early, selected
+from support.server_proc import HTTP, spawn_serve, wait_until
 from test_server_supervision import StreamReader
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
-# the neighbour: greedy, long enough to be streaming while the faulty request comes and goes
-NEIGHBOUR = {"prompt": "Write a long story about a cat.", "max_tokens": 160, "temperature": 0, "ignore_eos": True}
+# the neighbour: greedy, long enough to be streaming while the faulty request comes and goes.
+# Measured on the 2-core machine, quiet and loaded: it streams ~5 tokens while the first test's
+# two failing requests come and go, 1-5 while a template spins beside it (the render holds the
+# GIL); both tests assert that it is still streaming then. 64 leaves a margin of 10x.
+NEIGHBOUR = {"prompt": "Write a long story about a cat.", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
 SHORT = {"prompt": "Hi", "max_tokens": 2}
 WATCHDOG_S = 2.0
 
 
-def serve_with_faults(tmp_path_factory, name: str, faults: str, *args: str):
+def spawn_with_faults(tmp_path_factory, name: str, faults: str, *args: str):
     with pytest.MonkeyPatch.context() as mp:  # the engine child inherits the fault points
         mp.setenv("STRATA_FAULT_INJECT", faults)
         cfg = {"parallel": 2, "args": ["--max-context", "512", *args]}
-        p = start_serve(tmp_path_factory.mktemp(name), cfg)
-    p.wait_healthy()
-    return p
+        return spawn_serve(tmp_path_factory.mktemp(name), cfg)
+
+
+def spawn_hanging(tmp_path_factory):
+    return spawn_with_faults(tmp_path_factory, "hanging", "hang@1", "--watchdog-s", str(WATCHDOG_S))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early(request, tmp_path_factory):
+    """The hanging server starts with the module: it loads beside the raising one."""
+    e = Early()
+    try:
+        if selected(request, "test_a_hung_window_trips_the_watchdog_and_the_engine_is_restarted"):
+            e.start("hanging", lambda: spawn_hanging(tmp_path_factory))
+        yield e
+    finally:
+        e.close()
 
 
 @pytest.fixture(scope="module")
 def raising(tmp_path_factory):
-    """Every window slot 1 is in raises after the caches advanced."""
-    p = serve_with_faults(tmp_path_factory, "raising", "window-raise@1")
+    """Every window slot 1 is in raises after the caches advanced. Its pack is the test model
+    with a chat template that spins on the message "spin" (SPIN below): the spinning-template
+    test runs here too (its requests take slot 0 or, the spinning one, no slot at all)."""
+    d = tmp_path_factory.mktemp("raising")
+    pack = pack_with_template(d / "spin.gguf", SPIN)
+    p = spawn_with_faults(tmp_path_factory, "raising", "window-raise@1", "--pack", str(pack))
     try:
+        p.wait_listening()
+        p.wait_healthy()
         yield p
     finally:
         p.kill_tree()
 
 
 @pytest.fixture(scope="module")
-def hanging(tmp_path_factory):
+def hanging(tmp_path_factory, early):
     """Every window slot 1 is in blocks; the engine's watchdog allows WATCHDOG_S."""
-    p = serve_with_faults(tmp_path_factory, "hanging", "hang@1", "--watchdog-s", str(WATCHDOG_S))
+    p = early.take("hanging", lambda: spawn_hanging(tmp_path_factory))
     try:
+        p.wait_listening()
+        p.wait_healthy()
         yield p
     finally:
         p.kill_tree()
@@ -87,15 +112,15 @@ def start_neighbour(server) -> StreamReader:
 
 def test_one_requests_window_failure_ends_only_that_request(raising):
     url = raising.url + "/v1/completions"
-    alone = httpx.post(url, json=NEIGHBOUR, timeout=120)  # slot 0, nobody beside it
+    alone = HTTP.post(url, json=NEIGHBOUR, timeout=120)  # slot 0, nobody beside it
     assert alone.status_code == 200
     stream = start_neighbour(raising)  # slot 0
-    plain = httpx.post(url, json=SHORT, timeout=60)  # slot 1: its window raises
+    plain = HTTP.post(url, json=SHORT, timeout=60)  # slot 1: its window raises
     assert plain.status_code == 500, plain.text
     err = plain.json()["error"]
     assert err["type"] == "server_error" and err["code"] == "internal_error"
     assert "injected fault at window-raise for slot 1" in err["message"]
-    with httpx.stream("POST", url, json={**SHORT, "stream": True}, timeout=60) as r:  # slot 1 again, streamed
+    with HTTP.stream("POST", url, json={**SHORT, "stream": True}, timeout=60) as r:  # slot 1 again, streamed
         events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
     err = sse_error(events)
     assert err["code"] == "internal_error" and "window-raise for slot 1" in err["message"]
@@ -104,9 +129,9 @@ def test_one_requests_window_failure_ends_only_that_request(raising):
     text, reason = streamed_text(stream.events)
     assert stream.events[-1] == "[DONE]" and reason == "length"
     assert text == alone.json()["choices"][0]["text"]  # the tokens it has alone
-    again = httpx.post(url, json=SHORT, timeout=60)  # slot 0: served
+    again = HTTP.post(url, json=SHORT, timeout=60)  # slot 0: served
     assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] == "length"
-    assert httpx.get(raising.url + "/health", timeout=10).status_code == 200
+    assert HTTP.get(raising.url + "/health", timeout=10).status_code == 200
     assert raising.engine_pids()[-1] == raising.engine_pids()[0], "the engine was restarted"
 
 
@@ -125,7 +150,7 @@ def test_a_stopped_engine_is_restarted(raising):
     stream.join(60)
     err = sse_error(stream.events)
     assert err["code"] == "engine_stopped" and err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL)
-    r = httpx.post(raising.url + "/v1/completions", json=SHORT, timeout=120)  # a new engine serves it
+    r = HTTP.post(raising.url + "/v1/completions", json=SHORT, timeout=120)  # a new engine serves it
     assert r.status_code == 200, r.text
     assert raising.engine_pids()[-1] != pid
 
@@ -135,7 +160,7 @@ def test_a_hung_window_trips_the_watchdog_and_the_engine_is_restarted(hanging):
     stream = start_neighbour(hanging)  # slot 0
     pid = hanging.engine_pids()[-1]
     mark = len(hanging.lines)
-    stuck = httpx.post(url, json=SHORT, timeout=60)  # slot 1: the window hangs, the neighbour with it
+    stuck = HTTP.post(url, json=SHORT, timeout=60)  # slot 1: the window hangs, the neighbour with it
     assert stuck.status_code == 503, stuck.text
     assert stuck.json()["error"]["code"] == "engine_stopped"
     line = hanging.wait_line(r"strata serve: the engine is unhealthy \((.*)\); restarting it", timeout=5, start=mark)
@@ -143,8 +168,8 @@ def test_a_hung_window_trips_the_watchdog_and_the_engine_is_restarted(hanging):
     stream.join(60)
     err = sse_error(stream.events)
     assert err["code"] == "engine_stopped" and err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL)
-    assert wait_until(lambda: httpx.get(hanging.url + "/health", timeout=5).status_code == 503, 5)
-    r = httpx.post(url, json=SHORT, timeout=120)  # slot 0 of a new engine
+    assert wait_until(lambda: HTTP.get(hanging.url + "/health", timeout=5).status_code == 503, 5)
+    r = HTTP.post(url, json=SHORT, timeout=120)  # slot 0 of a new engine
     assert r.status_code == 200, r.text
     assert hanging.engine_pids()[-1] != pid
 
@@ -174,32 +199,22 @@ def pack_with_template(path, prefix: str):
     return path
 
 
-@pytest.fixture(scope="module")
-def spinning(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spinning")
-    pack = pack_with_template(d / "spin.gguf", SPIN)
-    p = start_serve(d, {"parallel": 2, "args": ["--pack", str(pack), "--max-context", "512"]})
-    p.wait_healthy()
-    try:
-        yield p
-    finally:
-        p.kill_tree()
-
-
-def test_a_spinning_template_ends_only_its_request(spinning):
-    stream = start_neighbour(spinning)
+def test_a_spinning_template_ends_only_its_request(raising):
+    spinning = raising  # (the template spins on "spin"; the others' slot 0 never fails)
+    stream = start_neighbour(spinning)  # slot 0
     pid = spinning.engine_pids()[-1]
-    spin = httpx.post(spinning.url + "/v1/chat/completions", timeout=60,
-                      json={"messages": [{"role": "user", "content": "spin"}], "max_tokens": 2})
+    spin = HTTP.post(spinning.url + "/v1/chat/completions", timeout=60,
+                     json={"messages": [{"role": "user", "content": "spin"}], "max_tokens": 2})
+    assert stream.is_alive(), "the neighbour ended before the template spun beside it"
     assert spin.status_code == 400, spin.text
     err = spin.json()["error"]
     assert err["param"] == "messages" and "chat template" in err["message"], err
     assert "\n" not in err["message"]
-    assert httpx.get(spinning.url + "/health", timeout=5).status_code == 200  # never unhealthy
+    assert HTTP.get(spinning.url + "/health", timeout=5).status_code == 200  # never unhealthy
     stream.join(120)
     text, reason = streamed_text(stream.events)
     assert reason == "length" and text, stream.events[-3:]
-    ok = httpx.post(spinning.url + "/v1/chat/completions", timeout=60,
-                    json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    ok = HTTP.post(spinning.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     assert ok.status_code == 200, ok.text
     assert spinning.engine_pids()[-1] == pid, "the engine was not restarted"

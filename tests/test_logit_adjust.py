@@ -12,7 +12,7 @@ from strata.engine.protocol import SamplingParams
 from strata.logit_adjust import apply_rows, row_adjust
 from strata.model.transformer import Span
 from strata.sampling import distribution
-from tests.support.engines import collect, load_engine, make_seed_moe, request, run_all
+from tests.support.engines import collect, load_engine, request, run_all, shared_seed_moe
 from tests.support.model_fixtures import chat_ids, engine, logits_of
 from tests.support.proposers import SampledProposer
 from tests.test_mtp_sampling import chi2_p_value
@@ -66,15 +66,19 @@ def core():
     return engine(None, 4)
 
 
-def _greedy_reference(core, prompt, params, n):
-    """Greedy tokens recomputed step by step: a fresh full forward per token, the adjustment in float64."""
-    seq, out = list(prompt), []
+def _greedy_reference(core, prompt, params, ids):
+    """The adjusted greedy choice after each prefix of `ids`, recomputed: one fresh full forward
+    of prompt + ids (row r sees tokens 0..r only, so it is the last row of a forward of that
+    prefix), the adjustment in float64. Equal to `ids` exactly when `ids` is the greedy path
+    (by induction over the prefixes), as a fresh forward per token would say."""
+    seq = list(prompt) + list(ids)
+    logits = logits_of(core.model, seq[:-1])
     end_ids = sorted(core.tokenizer.eog_ids)
-    for i in range(n):
-        z = reference_adjust(logits_of(core.model, seq)[-1], params, seq, i, end_ids)
-        t = int(np.argmax(z))
-        out.append(t)
-        seq.append(t)
+    out = []
+    for i in range(len(ids)):
+        history = seq[: len(prompt) + i]
+        z = reference_adjust(logits[len(history) - 1], params, history, i, end_ids)
+        out.append(int(np.argmax(z)))
     return out
 
 
@@ -85,7 +89,7 @@ def test_penalties_and_bias_match_stepwise_reference(core):
                             presence_penalty=0.5, repeat_last_n=32, logit_bias={plain[0]: -3.0})
     ids, _, fin = run_all(core, [prompt], params, threaded=False)[0]
     assert ids != plain  # the adjustments change the greedy path here
-    assert ids == _greedy_reference(core, prompt, params, len(ids))
+    assert ids == _greedy_reference(core, prompt, params, ids)
     assert fin.reason == "length"
 
 
@@ -114,20 +118,27 @@ def test_min_tokens_holds_back_the_end(core):
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    return make_seed_moe(tmp_path_factory.mktemp("seed-moe-adjust"))
+    return shared_seed_moe(tmp_path_factory)
 
 
 ADJUSTED = dict(repetition_penalty=1.3, frequency_penalty=0.3, presence_penalty=0.2, repeat_last_n=16, min_tokens=6)
+MOE_BASE = ["--device", "cpu", "--parallel", "2"]
+
+
+@pytest.fixture(scope="module")
+def moe_plain(moe):
+    """Plain decoding of both prompts (two slots) with the adjustments, once for both parametrizations."""
+    plain, _ = load_engine(["--pack", str(moe), *MOE_BASE])
+    prompts = [plain.tokenizer.encode(t) for t in ("Once upon a time", "The capital of")]
+    params = SamplingParams(max_tokens=16, temperature=0.0, logit_bias={prompts[0][0]: 2.0}, **ADJUSTED)
+    return prompts, params, [ids for ids, _, _ in run_all(plain, prompts, params, threaded=False)]
 
 
 @pytest.mark.parametrize("batch_mtp", [False, True])
-def test_mtp_greedy_with_adjustments_equals_plain(moe, batch_mtp):
-    base = ["--pack", str(moe), "--device", "cpu", "--parallel", "2"]
-    plain, _ = load_engine(base)
-    prompts = [plain.tokenizer.encode(t) for t in ("Once upon a time", "The capital of")]
-    params = SamplingParams(max_tokens=16, temperature=0.0, logit_bias={prompts[0][0]: 2.0}, **ADJUSTED)
-    want = [ids for ids, _, _ in run_all(plain, prompts, params, threaded=False)]
-    spec, _ = load_engine(base + ["--mtp", str(moe / "mtp"), "--spec", "3"] + (["--batch-mtp"] if batch_mtp else []))
+def test_mtp_greedy_with_adjustments_equals_plain(moe, moe_plain, batch_mtp):
+    prompts, params, want = moe_plain
+    spec, _ = load_engine(["--pack", str(moe), *MOE_BASE, "--mtp", str(moe / "mtp"), "--spec", "3"]
+                          + (["--batch-mtp"] if batch_mtp else []))
     outs = run_all(spec, prompts if batch_mtp else prompts[:1], params, threaded=False)
     assert [ids for ids, _, _ in outs] == want[: len(outs)]
     assert sum(s.counters.drafted for s in spec.scheduler.slots) > 0

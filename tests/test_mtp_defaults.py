@@ -37,6 +37,9 @@ def _drafted(core) -> int:
     return sum(s["mtp_drafted"] for s in core.metrics()["slots"])
 
 
+N = 6  # tokens a request: one that drafts does so in 3 windows here (--spec 1, one slot); at 12, in 7
+
+
 @needs_default_model
 def test_default_model_on_the_cpu_runs_mtp_with_the_shipped_draft_narrowed_not_for_seeded_samples():
     core, lines = load_engine(["--device", "cpu", "--max-context", "256"])
@@ -45,18 +48,18 @@ def test_default_model_on_the_cpu_runs_mtp_with_the_shipped_draft_narrowed_not_f
                and "--spec 0 turns it off" in line for line in lines)
     assert core.draft.vocab is not None and core.draft.head_subset is not None  # the shipped vocabulary
     prompt = chat_prompts(core, ["Why is the sky blue?"])
-    run_all(core, prompt, greedy(12), threaded=False)
+    run_all(core, prompt, greedy(N), threaded=False)
     assert _drafted(core) > 0
     # a sampled request with a seed does not draft under the automatic default: its seed gives
     # plain decoding's tokens whatever shares its windows (tests/test_sampling.py)
     before = _drafted(core)
-    run_all(core, prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=3), threaded=False)
+    run_all(core, prompt, SamplingParams(max_tokens=N, temperature=1.0, seed=3), threaded=False)
     assert _drafted(core) == before
-    run_all(core, prompt, SamplingParams(max_tokens=12, temperature=1.0), threaded=False)  # no seed: drafts
+    run_all(core, prompt, SamplingParams(max_tokens=N, temperature=1.0), threaded=False)  # no seed: drafts
     assert _drafted(core) > before
     # asked for by name, MTP drafts for sampled requests too
     asked, _ = load_engine(["--device", "cpu", "--max-context", "256", "--spec", "1"])
-    run_all(asked, prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=3), threaded=False)
+    run_all(asked, prompt, SamplingParams(max_tokens=N, temperature=1.0, seed=3), threaded=False)
     assert _drafted(asked) > 0
     off, lines = load_engine(["--device", "cpu", "--max-context", "256", "--spec", "0"])
     assert off.draft is None and off.opts.spec == 0

@@ -15,7 +15,7 @@ from strata.engine.protocol import SamplingParams
 from strata.model.transformer import Span
 from strata.mtp.verify import verify
 from strata.sampling import distribution
-from tests.support.engines import collect, load_engine, make_seed_moe, request
+from tests.support.engines import collect, load_engine, request, shared_seed_moe, shared_tiny
 from tests.support.proposers import SampledProposer
 
 
@@ -66,15 +66,12 @@ def test_rejection_sampling_keeps_target_distribution():
 @pytest.fixture(scope="module", params=[pytest.param("seed-moe", marks=pytest.mark.slow), "qwen35moe"])
 def pack(request, tmp_path_factory):
     """The seed-moe preset (qwen3moe), and the tiny hybrid qwen35moe: drafts rejected there are
-    cut back inside the window in the recurrent state as well as in the KV cache."""
+    cut back inside the window in the recurrent state as well as in the KV cache. Both at a
+    4096-token vocabulary (tests.support.engines: the tiny hybrid's windows cost half as much; the
+    joint law checked is the model's own top-3 x top-3, whatever the vocabulary)."""
     if request.param == "seed-moe":
-        return make_seed_moe(tmp_path_factory.mktemp("seed-moe-sampling"))
-    from strata.pack.presets import TINY
-    from strata.pack.synth import synth_pack
-
-    out = tmp_path_factory.mktemp("hybrid-sampling")
-    synth_pack(TINY["qwen35moe"], out, progress=lambda *a: None)
-    return out
+        return shared_seed_moe(tmp_path_factory)
+    return shared_tiny(tmp_path_factory, "qwen35moe")
 
 
 def test_scheduler_sampling_with_drafts_matches_exact_distribution(pack):

@@ -35,9 +35,12 @@ def draft():
 
 @pytest.fixture(scope="module")
 def plain_outputs():
-    core = load_core(None, None, 0)
+    """Plain decoding (no draft, one request at a time) on the shared test model's weights."""
+    from tests.support.model_fixtures import engine, plain_greedy
+
+    core = engine(None, 4)
     prompts = [chat_ids(core, t) for t in TEXTS]
-    return prompts, run_prompts(core, prompts, MAX_TOKENS).outputs
+    return prompts, plain_greedy(prompts, MAX_TOKENS)
 
 
 def test_shipped_draft_is_in_the_documented_format(draft):

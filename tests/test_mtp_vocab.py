@@ -70,10 +70,27 @@ def test_the_copy_keeps_every_tensor_and_adds_the_vocabulary(vocab_draft):
     (np.asarray([1, 49152]), "below the target's vocabulary of 49152"),
 ])
 def test_a_bad_vocabulary_is_one_clear_line(tmp_path, ids, why):
+    """Each bad vocabulary is refused by the draft's loader (the DraftModel the engine builds,
+    here on the shared test model's weights) with one line naming the file and what is wrong."""
+    from strata.mtp.draft import DraftModel, find_draft
+    from tests.support.model_fixtures import engine
+
+    core = engine(None, 4)
     bad = with_vocab(default_draft_path(), ids, tmp_path / "bad.gguf")
     with pytest.raises(StrataError) as e:
-        load_core(None, str(bad), 1)
+        DraftModel(core.backend, core.cfg, find_draft(str(bad), core.pack), core.model)
     assert f"{bad}: {VOCAB_TENSOR}: expected" in str(e.value) and why in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_engine_refuses_a_bad_vocabulary_at_start_up(tmp_path):
+    """The engine's start-up says the loader's line (one case: every bad vocabulary above is
+    refused at the same call)."""
+    bad = with_vocab(default_draft_path(), np.asarray([1, 49152]), tmp_path / "bad.gguf")
+    with pytest.raises(StrataError) as e:
+        load_core(None, str(bad), 1)
+    assert f"{bad}: {VOCAB_TENSOR}: expected" in str(e.value)
+    assert "below the target's vocabulary of 49152" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.slow  # 13 s on 2 cores; the shipped narrowed draft is checked lossless in test_mtp_defaults
@@ -97,18 +114,38 @@ def test_narrowed_head_drafts_only_its_tokens_and_is_lossless(vocab_draft):
     # the CPU's narrowed head, the shipped draft having a vocabulary
 
 
+def _start(args: list[str]) -> subprocess.Popen:
+    """A child `strata mtp ...` with one BLAS thread: this tiny model's matrices gain nothing from
+    more, and children running side by side (or beside other work) do not fight over the cores."""
+    import os
+
+    env = dict(os.environ, STRATA_CPU_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "strata.cli.main", "mtp", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _done(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_cli_writes_a_vocabulary_and_refuses_a_bad_draft(tmp_path):
     from strata.pack.presets import TINY
     from strata.pack.synth import synth_pack
 
     synth_pack(TINY["qwen3"], tmp_path, progress=lambda *a: None)
     pack = tmp_path / "model.gguf"
-    base = [sys.executable, "-m", "strata.cli.main", "mtp"]
     draft = tmp_path / "draft.gguf"
-    train = subprocess.run(base + ["train", "--pack", str(pack), "--out", str(draft), "--steps", "2", "--prompts", "4",
-                                   "--max-new", "8", "--slots", "4", "--batch-tokens", "256", "--held-out-per-kind", "1",
-                                   "--no-measure", "--trainer", "xp", "--draft-vocab", "64"],
-                           capture_output=True, text=True, timeout=300)
+    out = tmp_path / "v.gguf"
+    # (the commands that do not need each other's files run side by side)
+    missing = _start(["vocab", "--draft", str(tmp_path / "nope.gguf"), "--out", str(out)])
+    train = _done(_start(["train", "--pack", str(pack), "--out", str(draft), "--steps", "2", "--prompts", "4",
+                          "--max-new", "8", "--slots", "4", "--batch-tokens", "256", "--held-out-per-kind", "1",
+                          "--no-measure", "--trainer", "xp", "--draft-vocab", "64"]))
     assert train.returncode == 0, train.stderr + train.stdout
     assert "strata mtp train: draft vocabulary: " in train.stdout
     f = GGUFFile(draft)
@@ -117,24 +154,21 @@ def test_cli_writes_a_vocabulary_and_refuses_a_bad_draft(tmp_path):
     f.close()
     # continuing from a draft with a vocabulary: the vocabulary is no weight to train
     again = tmp_path / "again.gguf"
-    cont = subprocess.run(base + ["train", "--pack", str(pack), "--out", str(again), "--steps", "1", "--prompts", "4",
-                                  "--max-new", "8", "--slots", "4", "--batch-tokens", "256", "--held-out-per-kind", "1",
-                                  "--no-measure", "--trainer", "xp", "--init", str(draft)],
-                          capture_output=True, text=True, timeout=300)
+    cont = _start(["train", "--pack", str(pack), "--out", str(again), "--steps", "1", "--prompts", "4",
+                   "--max-new", "8", "--slots", "4", "--batch-tokens", "256", "--held-out-per-kind", "1",
+                   "--no-measure", "--trainer", "xp", "--init", str(draft)])
+    # --slots 10: the 10 tries at 2 self-written requests (this random target never ends one) in one batch
+    vocab = _start(["vocab", "--draft", str(draft), "--out", str(out), "--pack", str(pack), "--size", "32",
+                    "--prompts", "4", "--self-prompts", "2", "--max-new", "8", "--slots", "10"])
+    cont, proc, missing = _done(cont), _done(vocab), _done(missing, 120)
     assert cont.returncode == 0, cont.stderr + cont.stdout
     f = GGUFFile(again)
     assert VOCAB_TENSOR not in f.tensors and not any("vocab" in n for n in f.tensors)
     f.close()
-    out = tmp_path / "v.gguf"
-    proc = subprocess.run(base + ["vocab", "--draft", str(draft), "--out", str(out), "--pack", str(pack), "--size", "32",
-                                  "--prompts", "4", "--self-prompts", "2", "--max-new", "8", "--slots", "4"],
-                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert f"strata mtp vocab: wrote {out}: " in proc.stdout
     f = GGUFFile(out)
     assert 32 <= f.tensors[VOCAB_TENSOR].shape[0] <= 34
     assert f.metadata["strata-mtp.vocabulary"].startswith("the ") and "answers" in f.metadata["strata-mtp.vocabulary"]
     f.close()
-    missing = subprocess.run(base + ["vocab", "--draft", str(tmp_path / "nope.gguf"), "--out", str(out)],
-                             capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and missing.stderr.strip() == f"strata: {tmp_path / 'nope.gguf'}: no such file"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from strata.engine.protocol import GenerationRequest, SamplingParams
-from tests.support.engines import collect, load_engine, make_seed_moe
-from tests.support.model_fixtures import default_model_or_skip
+from tests.support.engines import collect, load_engine, shared_seed_moe, shared_tiny
+from tests.support.model_fixtures import default_model_or_skip, plain_scheduler
 
 SHARED = ("You are a careful assistant. Answer briefly and exactly. " * 12
           + "Here is the document: the river flows north through three towns, Alder, Birch and Cedar. ")
@@ -27,37 +27,49 @@ def _run(core, prompt, params=GREEDY):
     return collect(h)
 
 
+def _plain(prompt, kv: str):
+    """The prompt's tokens without reuse: plain decoding on the shared test model's weights (a
+    scheduler without a prompt cache or a draft; the engines' drafts are lossless, so these are
+    their greedy tokens too)."""
+    sch = plain_scheduler(kv)
+    h = sch.submit(GenerationRequest(prompt, GREEDY))
+    sch.run_until_idle()
+    return collect(h)
+
+
 # f16 (10 s on 2 cores) runs with -m slow; int8, the quantized cache, always
 @pytest.mark.parametrize("kv", [pytest.param("f16", marks=pytest.mark.slow), "int8"])
 def test_reuse_over_time_equals_no_reuse(kv):
     model = str(default_model_or_skip())
-    off, _ = load_engine(["--pack", model, "--device", "cpu", "--kv", kv, "--prefix-cache", "0"])
     on, _ = load_engine(["--pack", model, "--device", "cpu", "--kv", kv, "--parallel", "2"])
     prompts = _prompts(on)
     assert len(prompts[0]) > 150
     for i, p in enumerate(prompts):
-        want = _run(off, p)
+        want = _plain(p, kv)
         got = _run(on, p)
         assert got[0] == want[0]
         assert want[2].cached_tokens == 0
         if i == 0:
             assert got[2].cached_tokens == 0
+            first = want[0]
         else:  # the shared system prompt's whole blocks came from the cache
             assert got[2].cached_tokens >= 128 and got[2].cached_tokens % 64 == 0
     m = on.metrics()
     assert m["prompt_tokens_cached"] > 0 and m["prefix_cache"]["hits"] == 2
-    # a repeated prompt reuses all its whole blocks but its last token
+    # a repeated prompt reuses all its whole blocks but its last token (`first`: its tokens
+    # without reuse, above; plain decoding computes the same prompt the same way every time)
     again = _run(on, prompts[0])
-    assert again[0] == _run(off, prompts[0])[0] and again[2].cached_tokens == (len(prompts[0]) - 1) // 64 * 64
+    assert again[0] == first and again[2].cached_tokens == (len(prompts[0]) - 1) // 64 * 64
 
 
 def test_reuse_across_slots_while_the_first_decodes():
     model = str(default_model_or_skip())
-    core, _ = load_engine(["--pack", model, "--device", "cpu", "--parallel", "2"])
-    a, b, _ = _prompts(core)
-    want_b = _run(core, b)[0]
     core2, _ = load_engine(["--pack", model, "--device", "cpu", "--parallel", "2"])
-    ha = core2.submit(GenerationRequest(a, SamplingParams(max_tokens=30, temperature=0.0)))
+    a, b, _ = _prompts(core2)
+    want_b, _, fin = _plain(b, "f16")
+    assert fin.cached_tokens == 0
+    # a: 12 tokens, still decoding (11 to go) when b is admitted beside it, and through b's prefill
+    ha = core2.submit(GenerationRequest(a, SamplingParams(max_tokens=12, temperature=0.0)))
     sch = core2.scheduler
     while not sch.slots[0].busy or sch.slots[0].prefilling:  # until a's prompt is in the cache
         sch._admit()
@@ -73,14 +85,14 @@ def test_reuse_across_slots_while_the_first_decodes():
 def test_bounded_with_eviction():
     model = str(default_model_or_skip())
     core, _ = load_engine(["--pack", model, "--device", "cpu", "--prefix-cache", "2"])
-    for p in _prompts(core):
-        _run(core, p + [p[-1]] * 3)
+    for p in _prompts(core):  # (one token each: the prompts' blocks are what the cache keeps)
+        _run(core, p + [p[-1]] * 3, SamplingParams(max_tokens=1, temperature=0.0))
     st = core.metrics()["prefix_cache"]
     assert 0 < st["bytes"] <= st["budget_bytes"] == 2 << 20 and st["evicted_blocks"] > 0
 
 
 def test_reuse_with_mtp_drafts_is_lossless(tmp_path_factory):
-    pack = make_seed_moe(tmp_path_factory.mktemp("seed-moe-prefix"))
+    pack = shared_seed_moe(tmp_path_factory)
     base = ["--pack", str(pack), "--device", "cpu"]
     plain, _ = load_engine(base + ["--prefix-cache", "0"])
     spec, _ = load_engine(base + ["--mtp", str(pack / "mtp"), "--spec", "3"])
@@ -94,12 +106,8 @@ def test_reuse_with_mtp_drafts_is_lossless(tmp_path_factory):
     assert spec.scheduler.slots[0].counters.drafted > 0
 
 
-def test_hybrid_models_say_reuse_is_off(tmp_path):
-    from strata.pack.presets import TINY
-    from strata.pack.synth import synth_pack
-
-    synth_pack(TINY["qwen35moe"], tmp_path, progress=lambda *a: None)
-    core, lines = load_engine(["--pack", str(tmp_path), "--device", "cpu"])
+def test_hybrid_models_say_reuse_is_off(tmp_path_factory):
+    core, lines = load_engine(["--pack", str(shared_tiny(tmp_path_factory, "qwen35moe")), "--device", "cpu"])
     assert any("prompt reuse is off for this model" in ln for ln in lines)
     p = core.tokenizer.encode("hello world " * 80)
     assert [_run(core, p)[2].cached_tokens for _ in range(2)] == [0, 0]

@@ -13,7 +13,8 @@ import numpy as np
 
 from strata.engine.protocol import SamplingParams
 from strata.sampling import distribution
-from tests.support.engines import load_engine, request, run_all
+from tests.support.engines import request, run_all
+from tests.support.model_fixtures import engine
 
 
 def sample_rows_like_the_device(self, logits, params):
@@ -29,8 +30,8 @@ def sample_rows_like_the_device(self, logits, params):
     return np.asarray(out, dtype=np.int64)
 
 
-def test_seeded_sampling_same_through_the_backend_sampler():
-    core, _ = load_engine(["--device", "cpu", "--parallel", "3", "--max-context", "256"])
+def test_seeded_sampling_same_through_the_backend_sampler(monkeypatch):
+    core = engine(None, 4)  # the shared test model (its backend's stand-in sampler is undone after the test)
     prompts = [[1, 9690, 198, 2683], [1, 4093, 198, 1780, 314], [1, 520, 9531]]
     mixed = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=11, ignore_eos=True),
              SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
@@ -43,8 +44,9 @@ def test_seeded_sampling_same_through_the_backend_sampler():
 
     on_host = run()
     b = core.model.b
-    b.samples_on_device, b.rows_sampled = True, 0
-    b.sample_rows = types.MethodType(sample_rows_like_the_device, b)
+    monkeypatch.setattr(b, "samples_on_device", True)
+    monkeypatch.setattr(b, "rows_sampled", 0, raising=False)
+    monkeypatch.setattr(b, "sample_rows", types.MethodType(sample_rows_like_the_device, b))
     through_backend = run()
     assert through_backend == on_host
     assert b.rows_sampled >= 3 * 12  # every token of the three requests went through it

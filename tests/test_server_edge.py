@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -24,12 +23,31 @@ from strata.server.edge import EdgePolicy, content_type_ok
 from strata.server.errors import APIError
 from strata.server.strict_json import parse_json_object
 from support import raw_http
-from support.server_proc import ROOT, start_serve
+from support.early import Early, finish, selected, strata_later
+from support.server_proc import HTTP, start_serve
 
 KEY = "edge-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 VOCAB = 49152  # SmolLM2
 N_CTX = 8192  # big enough that a ~500 KB prompt passes the early length check and is tokenized
+
+
+GENERATE = ["generate", "--max-context", "256", "--prompt", "Hi", "--max-tokens", "2", "--temperature", "0.8",
+            "--json"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early(request):
+    """The two `strata generate` runs start with the module: they load the model while the
+    server does (their test, before any that times the server, waits for them)."""
+    e = Early()
+    try:
+        if selected(request, "test_generate_seed_minus_one_is_random_and_a_bad_seed_is_one_line"):
+            for seed in ("-5", "-1"):
+                e.start(f"generate {seed}", lambda seed=seed: strata_later(*GENERATE, "--seed", seed))
+        yield e
+    finally:
+        e.close()
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +63,7 @@ def server(tmp_path_factory):
 
 
 def post(server, path: str, body, timeout: float = 60.0, **headers) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, headers={**AUTH, **headers}, timeout=timeout)
+    return HTTP.post(server.url + path, json=body, headers={**AUTH, **headers}, timeout=timeout)
 
 
 def complete(server, **fields) -> httpx.Response:
@@ -73,13 +91,12 @@ def test_other_seeds_outside_the_range_are_400_naming_seed(server, seed):
     assert_serving(server)
 
 
-def test_generate_seed_minus_one_is_random_and_a_bad_seed_is_one_line():
-    cmd = [sys.executable, "-m", "strata.cli.main", "generate", "--max-context", "256", "--prompt", "Hi",
-           "--max-tokens", "2", "--temperature", "0.8", "--json"]
-    bad = subprocess.run([*cmd, "--seed", "-5"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+def test_generate_seed_minus_one_is_random_and_a_bad_seed_is_one_line(early):
+    run = lambda seed: early.take(f"generate {seed}", lambda: strata_later(*GENERATE, "--seed", seed))  # noqa: E731
+    bad = finish(run("-5"), timeout=120)
     assert bad.returncode == 2 and "--seed" in bad.stderr and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    ok = subprocess.run([*cmd, "--seed", "-1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    ok = finish(run("-1"), timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads(ok.stdout.strip().splitlines()[-1])["usage"]["completion_tokens"] >= 1
 
@@ -114,7 +131,7 @@ class Stream(threading.Thread):
     def run(self) -> None:
         body = {"prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": True, "stream": True}
         try:
-            with httpx.stream("POST", self.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
+            with HTTP.stream("POST", self.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: ") and '"text":"' in line:
                         self.arrivals.append(time.monotonic())
@@ -144,7 +161,7 @@ def test_big_bodies_do_not_stall_other_requests_or_streams(server):
     latencies = []
     while any(t.is_alive() for t in senders) and time.monotonic() - t0 < 60:
         t1 = time.monotonic()
-        assert httpx.get(server.url + "/v1/models", headers=AUTH, timeout=30).status_code == 200
+        assert HTTP.get(server.url + "/v1/models", headers=AUTH, timeout=30).status_code == 200
         latencies.append(time.monotonic() - t1)
         time.sleep(0.05)
     for t in senders:
@@ -184,8 +201,8 @@ def _engine_port(server) -> int:
 def test_the_engine_child_refuses_every_route_without_the_secret(server, method, path):
     url = f"http://127.0.0.1:{_engine_port(server)}{path}"
     for headers in ({}, AUTH):  # the user's key does not open the engine either
-        r = httpx.request(method, url, json={"prompt": "Hi", "max_tokens": 1} if method == "POST" else None,
-                          headers=headers, timeout=30)
+        r = HTTP.request(method, url, json={"prompt": "Hi", "max_tokens": 1} if method == "POST" else None,
+                         headers=headers, timeout=30)
         assert r.status_code == 401, (path, r.status_code, r.text)
 
 
@@ -196,17 +213,17 @@ def test_the_secret_travels_in_the_environment_not_argv(server):
     environ = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
     secret = environ[b"STRATA_ENGINE_SECRET"].decode()
     assert len(secret) >= 32 and not any(secret.encode() in a for a in cmdline)
-    r = httpx.get(f"http://127.0.0.1:{_engine_port(server)}/v1/models",
-                  headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    r = HTTP.get(f"http://127.0.0.1:{_engine_port(server)}/v1/models",
+                 headers={"Authorization": f"Bearer {secret}"}, timeout=30)
     assert r.status_code == 200  # the secret, and only it, opens the engine
 
 
 @pytest.mark.parametrize("method,path", [("GET", "/metrics"), ("GET", "/v1/models"), ("GET", "/v1/models/x"),
                                          ("POST", "/v1/completions"), ("GET", "/nothing-here")])
 def test_the_api_key_guards_every_route_but_health(server, method, path):
-    r = httpx.request(method, server.url + path, timeout=30)
+    r = HTTP.request(method, server.url + path, timeout=30)
     assert r.status_code == 401, (path, r.text)
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    assert HTTP.get(server.url + "/health", timeout=30).status_code == 200
 
 
 # ---------------------------------------------------------------- bodies that gave 500
@@ -223,7 +240,7 @@ def test_the_api_key_guards_every_route_but_health(server, method, path):
 ])
 def test_bad_bodies_are_400_naming_the_field(server, name, body, param):
     path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
-    r = httpx.post(server.url + path, content=body, headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+    r = HTTP.post(server.url + path, content=body, headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
     assert r.status_code == 400, (name, r.text)
     assert r.json()["error"]["param"] == param, (name, r.text)
 
@@ -261,8 +278,8 @@ def test_a_body_that_never_arrives_gets_408_and_the_connection_closes(server):
 ])
 def test_content_type_policy(server, content_type, status):
     headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
-    r = httpx.post(server.url + "/v1/completions", content=json.dumps({"prompt": "Hi", "max_tokens": 1}),
-                   headers=headers, timeout=60)
+    r = HTTP.post(server.url + "/v1/completions", content=json.dumps({"prompt": "Hi", "max_tokens": 1}),
+                  headers=headers, timeout=60)
     if content_type is None:
         assert "content-type" not in r.request.headers
     assert r.status_code == status, r.text
@@ -281,7 +298,7 @@ def test_content_type_policy(server, content_type, status):
     ({"Origin": "https://app.example"}, 200),  # allowed_origins
 ])
 def test_host_and_origin_policy(server, headers, status):
-    r = httpx.get(server.url + "/v1/models", headers={**AUTH, **headers}, timeout=30)
+    r = HTTP.get(server.url + "/v1/models", headers={**AUTH, **headers}, timeout=30)
     assert r.status_code == status, (headers, r.text)
     if "Origin" in headers and status == 200:
         assert r.headers["access-control-allow-origin"] == headers["Origin"]
@@ -291,14 +308,14 @@ def test_host_and_origin_policy(server, headers, status):
 
 def test_cors_preflight_for_allowed_origins_only(server):
     ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
-    ok = httpx.options(server.url + "/v1/chat/completions", headers={**ask, "Origin": "http://localhost:3000"},
-                       timeout=30)
+    ok = HTTP.options(server.url + "/v1/chat/completions", headers={**ask, "Origin": "http://localhost:3000"},
+                      timeout=30)
     assert ok.status_code == 204
     assert ok.headers["access-control-allow-origin"] == "http://localhost:3000"
     assert "POST" in ok.headers["access-control-allow-methods"]
     assert "authorization" in ok.headers["access-control-allow-headers"].lower()
-    bad = httpx.options(server.url + "/v1/chat/completions", headers={**ask, "Origin": "https://evil.example"},
-                        timeout=30)
+    bad = HTTP.options(server.url + "/v1/chat/completions", headers={**ask, "Origin": "https://evil.example"},
+                       timeout=30)
     assert bad.status_code == 403
 
 
@@ -306,12 +323,12 @@ def test_cors_preflight_for_allowed_origins_only(server):
 
 def test_model_ids_cannot_reach_other_engine_routes(server):
     for path in ("/v1/models/..%2F..%2Fmetrics", "/v1/models/%2e%2e%2F%2e%2e%2Fmetrics", "/v1/models/..%2Fhealth"):
-        r = httpx.get(server.url + path, headers=AUTH, timeout=30)
+        r = HTTP.get(server.url + path, headers=AUTH, timeout=30)
         assert r.status_code == 404 and "strata_" not in r.text, (path, r.text)
-    r = httpx.get(server.url + "/v1/models/%00", headers=AUTH, timeout=30)
+    r = HTTP.get(server.url + "/v1/models/%00", headers=AUTH, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
-    name = httpx.get(server.url + "/v1/models", headers=AUTH, timeout=30).json()["data"][0]["id"]
-    r = httpx.get(server.url + "/v1/models/" + quote(name, safe=""), headers=AUTH, timeout=30)
+    name = HTTP.get(server.url + "/v1/models", headers=AUTH, timeout=30).json()["data"][0]["id"]
+    r = HTTP.get(server.url + "/v1/models/" + quote(name, safe=""), headers=AUTH, timeout=30)
     assert r.status_code == 200 and r.json()["id"] == name  # a name with spaces still reaches the engine
 
 

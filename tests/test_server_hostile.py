@@ -3,7 +3,10 @@ bodies, headers, methods and paths that a client, a fuzzer or a web page may sen
 gets a 4xx (never a 5xx, never a hang), and the server keeps serving after each.
 
 Table-driven: CASES lists (name, method, path, headers, body, expected status). Requests are
-written byte by byte (tests/support/raw_http.py) so that broken framing can be sent too.
+written byte by byte (tests/support/raw_http.py) so that broken framing can be sent too. The
+`strata serve` is the one of tests/support/shared_server.py (its key, its body_timeout of
+BODY_TIMEOUT_S, a context of N_CTX), shared with other modules; the `strata engine` is this
+module's.
 """
 
 from __future__ import annotations
@@ -11,17 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-import httpx
 import pytest
 
-from support import raw_http
-from support.server_proc import StrataProcess, start_serve
+from support import raw_http, shared_server
+from support.server_proc import HTTP, StrataProcess
+from support.shared_server import AUTH, BODY_TIMEOUT_S, KEY, N_CTX
 
-KEY = "hostile-test-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 JSON_AUTH = {**AUTH, "Content-Type": "application/json"}
-BODY_TIMEOUT_S = 1.0
-N_CTX = 512
 VOCAB = 49152  # SmolLM2
 CLIENT_TIMEOUT_S = 20.0  # any answer slower than this is a hang
 
@@ -276,25 +275,25 @@ def _expected(case: Case, status: int) -> bool:
 
 
 def _still_serving(url: str) -> None:
-    r = httpx.get(url + "/v1/models", headers=AUTH, timeout=CLIENT_TIMEOUT_S)
+    r = HTTP.get(url + "/v1/models", headers=AUTH, timeout=CLIENT_TIMEOUT_S)
     assert r.status_code == 200, r.text
 
 
+server = shared_server.module_fixture(__name__)
+
+
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """A `strata serve` and a `strata engine` (each with the API key), loaded side by side."""
-    d = tmp_path_factory.mktemp("hostile")
-    serve = start_serve(d, {"api_key": KEY, "body_timeout": BODY_TIMEOUT_S, "parallel": 1,
-                            "args": ["--max-context", str(N_CTX)]})
+def servers(request):
+    """A `strata serve` and a `strata engine` (each with the API key), loaded side by side (the
+    engine starts first, the shared server then if it is not up yet)."""
     engine = StrataProcess("engine", ["--port", "0", "--api-key", KEY, "--body-timeout", str(BODY_TIMEOUT_S),
                                       "--max-context", str(N_CTX)])
     try:
+        serve = request.getfixturevalue("server")
         engine.wait_listening()
-        serve.wait_healthy()
         engine.wait_healthy()
         yield {"serve": serve, "engine": engine}
     finally:
-        serve.kill_tree()
         engine.kill_tree()
 
 
@@ -306,6 +305,7 @@ def test_the_table_is_big_enough():
 @pytest.mark.parametrize("target", ["serve", "engine"])
 def test_every_hostile_request_gets_a_4xx_and_the_server_serves_on(servers, target):
     proc = servers[target]
+    mark = len(proc.lines)  # (the log of this table's requests)
     host = proc.url.split("//", 1)[1]
     wrong: list[str] = []
     for i, case in enumerate(CASES):
@@ -321,8 +321,8 @@ def test_every_hostile_request_gets_a_4xx_and_the_server_serves_on(servers, targ
             _still_serving(proc.url)
     assert not wrong, "\n".join(wrong)
     # one real completion at the end: nothing above wedged the engine
-    r = httpx.post(proc.url + "/v1/completions", headers=AUTH, timeout=60,
-                   json={"prompt": "The capital of France is", "max_tokens": 4, "seed": -1, "temperature": 0.7})
+    r = HTTP.post(proc.url + "/v1/completions", headers=AUTH, timeout=60,
+                  json={"prompt": "The capital of France is", "max_tokens": 4, "seed": -1, "temperature": 0.7})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
-    out = proc.output()
+    out = "\n".join(proc.lines[mark:])
     assert "internal error" not in out, out[out.find("internal error"):][:3000]

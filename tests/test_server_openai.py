@@ -1,5 +1,6 @@
 """End to end: the official `openai` client and raw HTTP against a real `strata serve`
-(real engine child process, bundled SmolLM2 test model, real HTTP on 127.0.0.1)."""
+(real engine child process, bundled SmolLM2 test model, real HTTP on 127.0.0.1): the server
+that tests/support/shared_server.py starts from its CONFIG, shared with other modules."""
 
 from __future__ import annotations
 
@@ -10,28 +11,15 @@ import httpx
 import openai
 import pytest
 
-from support.server_proc import metric, openai_client, serving, wait_until
+from support import shared_server
+from support.server_proc import HTTP, metric, openai_client, wait_until
+from support.shared_server import AUTH, KEY, N_CTX
 
-KEY = "test-key-123"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-N_CTX = 512
-CONFIG = f"""// JSON with comments, as users write it
-{{
-  "parallel": 2,
-  "model": "smol",          /* the served name */
-  "api_key": "{KEY}",
-  "max_queued": 8,
-  "args": ["--max-context", "{N_CTX}"],
-  "homepage": "http://example.com/x",   // unknown key: a warning, not a failure
-}}
-"""
 HI = [{"role": "user", "content": "Name three colors."}]
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("serve"), CONFIG) as p:
-        yield p
+# started from shared_server.CONFIG: JSON with comments, "smol" served, the key, 2 slots, a
+# queue of 8, a context of N_CTX, and the unknown key "homepage"
+server = shared_server.module_fixture(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +29,8 @@ def client(server):
 
 def post(server, path: str, body, headers=None, timeout: float = 120) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.url + path, content=content, timeout=timeout,
-                      headers={"content-type": "application/json", **AUTH, **(headers or {})})
+    return HTTP.post(server.url + path, content=content, timeout=timeout,
+                     headers={"content-type": "application/json", **AUTH, **(headers or {})})
 
 
 def test_unknown_config_key_is_named_in_a_warning(server):
@@ -147,12 +135,12 @@ def test_http_edge_cases_then_still_serving(server):
     huge = b'{"prompt": "' + b"x" * (17 * 1024 * 1024) + b'"}'
     r = post(server, "/v1/completions", huge)
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large_error"
-    assert httpx.get(server.url + "/v1/chat/completions", headers=AUTH).status_code == 405
-    r = httpx.get(server.url + "/v2/nothing", headers=AUTH)
+    assert HTTP.get(server.url + "/v1/chat/completions", headers=AUTH).status_code == 405
+    r = HTTP.get(server.url + "/v2/nothing", headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = post(server, "/v1/chat/completions", {"messages": HI}, headers={"Authorization": ""})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # no key needed
+    assert HTTP.get(server.url + "/health").json() == {"status": "ok"}  # no key needed
     r = post(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
 
@@ -176,7 +164,7 @@ def test_more_clients_than_slots_all_complete(server):
 def test_disconnect_frees_the_slot(server):
     body = {"prompt": "Tell a very long story.", "max_tokens": 400, "ignore_eos": True, "stream": True}
     for _ in range(2):  # fill both slots, then walk away
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+        with HTTP.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data: ") and '"text":"' in line:
@@ -187,7 +175,7 @@ def test_disconnect_frees_the_slot(server):
 
 
 def test_metrics_names(server):
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    text = HTTP.get(server.url + "/metrics", headers=AUTH).text
     for name in ("strata_server_requests_total", "strata_server_engine_restarts_total", "strata_server_queue_depth",
                  "strata_requests_total", "strata_prompt_tokens_total", "strata_completion_tokens_total",
                  "strata_slots_busy", "strata_queue_depth", "strata_mtp_windows_total",

@@ -1,6 +1,7 @@
 """llama-server's routes (/tokenize, /detokenize, /props, /slots) and OpenAI's /v1/embeddings,
-over real HTTP against a real `strata serve` (its engine child, the test model): llama-server's
-field names, the API key, the access log, bad input as one 400 naming the field."""
+over real HTTP against a real `strata serve` (its engine child, the test model; the one of
+tests/support/shared_server.py, shared with other modules): llama-server's field names, the
+API key, the access log, bad input as one 400 naming the field."""
 
 from __future__ import annotations
 
@@ -11,20 +12,15 @@ import httpx
 import openai
 import pytest
 
-from support.server_proc import metric, openai_client, serving, wait_until
+from support import shared_server
+from support.server_proc import HTTP, metric, openai_client, wait_until
+from support.shared_server import AUTH, KEY, N_CTX
 
-KEY = "routes-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-N_CTX = 512
 N_EMBD = 576  # SmolLM2-135M's hidden width
 VOCAB = 49152
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("routes"), {"parallel": 2, "api_key": KEY, "model": "smol",
-                                                  "args": ["--max-context", str(N_CTX)]}) as p:
-        yield p
+# the key, "smol" served, 2 slots, a context of N_CTX
+server = shared_server.module_fixture(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +30,12 @@ def client(server):
 
 def post(server, path: str, body, headers=None) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.url + path, content=content, timeout=60,
-                      headers={"content-type": "application/json", **AUTH, **(headers or {})})
+    return HTTP.post(server.url + path, content=content, timeout=60,
+                     headers={"content-type": "application/json", **AUTH, **(headers or {})})
 
 
 def get(server, path: str, headers=AUTH) -> httpx.Response:
-    return httpx.get(server.url + path, headers=headers, timeout=30)
+    return HTTP.get(server.url + path, headers=headers, timeout=30)
 
 
 def bad(r: httpx.Response, param: str) -> str:
@@ -117,7 +113,7 @@ def test_slots_show_the_running_request(server):
     assert not any(s["is_processing"] for s in idle)
     body = {"prompt": "Tell a very long story.", "max_tokens": 300, "ignore_eos": True, "stream": True,
             "temperature": 0.5, "seed": 7}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+    with HTTP.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
         assert r.status_code == 200
         lines = r.iter_lines()  # (kept: a dropped iterator closes the stream, ending the request)
         answer_id = next(json.loads(x[6:])["id"] for x in lines if x.startswith("data: {") and '"text":"' in x)
@@ -184,12 +180,14 @@ ROUTES = [("POST", "/tokenize", {"content": "x"}), ("POST", "/detokenize", {"tok
 
 @pytest.mark.parametrize("method,path,body", ROUTES)
 def test_every_route_needs_the_key_and_is_logged(server, method, path, body):
-    r = httpx.request(method, server.url + path, json=body, timeout=30)
+    mark = len(server.lines)  # (the lines of these requests, not of earlier ones)
+    r = HTTP.request(method, server.url + path, json=body, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    r = httpx.request(method, server.url + path, json=body, headers=AUTH, timeout=60)
+    r = HTTP.request(method, server.url + path, json=body, headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
-    server.wait_line(rf"strata serve: {method} {path} 401 ")
-    server.wait_line(rf"strata serve: {method} {path} 200 in=" + (r"\d+ out=0" if "embeddings" in path else "-"))
+    server.wait_line(rf"strata serve: {method} {path} 401 ", start=mark)
+    server.wait_line(rf"strata serve: {method} {path} 200 in=" + (r"\d+ out=0" if "embeddings" in path else "-"),
+                     start=mark)
 
 
 def test_embeddings_are_counted(server):

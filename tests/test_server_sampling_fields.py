@@ -2,7 +2,8 @@
 llama-server's clients send is honoured, accepted because it changes nothing, or refused with a
 400 naming it (never ignored); the honoured sampling fields (logit_bias in both spellings,
 penalties, repeat_last_n, min_tokens) change the tokens as they should; cached prompt tokens in
-usage and /metrics. Over real HTTP against a real `strata serve` and the test model, greedy."""
+usage and /metrics. Over real HTTP against a real `strata serve` and the test model, greedy (the
+server of tests/support/shared_server.py, shared with other modules)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
 from strata.server.schemas import ChatCompletionRequest, CompletionRequest
-from support.server_proc import metric, openai_client, serving
+from support import shared_server
+from support.server_proc import HTTP, metric, openai_client
+from support.shared_server import AUTH, KEY, N_CTX
 
-KEY = "fields-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 VOCAB = 49152
 SERVER_MD = Path(__file__).resolve().parents[1] / "docs" / "SERVER.md"
 
@@ -58,11 +59,8 @@ def test_every_field_of_openais_request_and_llama_servers_is_known_and_documente
 
 # ---------------------------------------------------------------- the server
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("fields"), {"parallel": 2, "api_key": KEY, "model": "smol",
-                                                  "args": ["--max-context", "512"]}) as p:
-        yield p
+# the key, "smol" served, 2 slots, a context of N_CTX
+server = shared_server.module_fixture(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +69,7 @@ def client(server):
 
 
 def post(server, path: str, body) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, headers=AUTH, timeout=120)
+    return HTTP.post(server.url + path, json=body, headers=AUTH, timeout=120)
 
 
 def complete(server, prompt, **fields) -> dict:
@@ -192,7 +190,7 @@ def test_min_tokens_holds_the_end_back(client):
 
 
 def test_max_tokens_minus_one_means_the_rest_of_the_context(server):
-    r = complete(server, [19556] * 506, max_tokens=-1, ignore_eos=True)  # room for 6 tokens
+    r = complete(server, [19556] * (N_CTX - 6), max_tokens=-1, ignore_eos=True)  # room for 6 tokens
     assert r["usage"]["completion_tokens"] == 6
     assert complete(server, "Hi", n_predict=3, ignore_eos=True)["usage"]["completion_tokens"] == 3
 

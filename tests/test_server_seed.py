@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from support.server_proc import ROOT, metric, start_serve
+from support.server_proc import HTTP, ROOT, metric, start_serve
 
 # the report's config, comments and all; paths are relative to the config file
 CONFIG = """{
@@ -46,7 +46,7 @@ def test_clients_at_once_all_served_without_restart(server, clients):
     def one(i: int) -> None:
         body = {"messages": [{"role": "user", "content": f"Question number {i}?"}], "max_tokens": 6,
                 "stream": i % 2 == 1, "stream_options": {"include_usage": True}}
-        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        r = HTTP.post(server.url + "/v1/chat/completions", json=body, timeout=120)
         with lock:
             results.append(r)
 
@@ -69,4 +69,4 @@ def test_clients_at_once_all_served_without_restart(server, clients):
 def test_seed_flags_accepted_and_reported(server):
     out = server.output()
     assert "batch windows of up to 4 sequences" in out  # the engine's start-up lines reach the server log
-    assert httpx.get(server.url + "/v1/models").json()["data"][0]["meta"]["n_ctx"] == 262144
+    assert HTTP.get(server.url + "/v1/models").json()["data"][0]["meta"]["n_ctx"] == 262144

@@ -5,26 +5,29 @@ SIGKILL of the server."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
 
 from strata.server.supervisor import DIED_MESSAGE, SHUTDOWN_MESSAGE, WAITED_MESSAGE
-from support.server_proc import ROOT, metric, pid_alive, start_serve, wait_until
+from support.server_proc import HTTP, ROOT, metric, pid_alive, start_serve, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
 LONG = {"prompt": "Write a long story about a cat.", "max_tokens": 400, "ignore_eos": True}
+SHUTDOWN_TIMEOUT_S = 1.5
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    cfg = {"parallel": 1, "max_queued": 1, "args": ["--max-context", "512"], "shutdown_timeout": 1.5}
+    cfg = {"parallel": 1, "max_queued": 1, "args": ["--max-context", "512"], "shutdown_timeout": SHUTDOWN_TIMEOUT_S}
     p = start_serve(tmp_path_factory.mktemp("sup"), cfg)
     try:
         p.wait_healthy()
@@ -40,22 +43,24 @@ class StreamReader(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.body = url, {**body, "stream": True}
         self.events: list[str] = []
+        self.texts: list[float] = []  # when each event with text arrived
         self.first = threading.Event()
         self.status = 0
 
     def run(self) -> None:
-        with httpx.stream("POST", self.url + "/v1/completions", json=self.body, timeout=120) as r:
+        with HTTP.stream("POST", self.url + "/v1/completions", json=self.body, timeout=120) as r:
             self.status = r.status_code
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     self.events.append(line[6:])
                     if '"text":"' in line and '"text":""' not in line:
+                        self.texts.append(time.monotonic())
                         self.first.set()
         self.first.set()
 
 
 def post_on_thread(url: str, body: dict, out: list) -> threading.Thread:
-    t = threading.Thread(target=lambda: out.append(httpx.post(url + "/v1/completions", json=body, timeout=120)),
+    t = threading.Thread(target=lambda: out.append(HTTP.post(url + "/v1/completions", json=body, timeout=120)),
                          daemon=True)
     t.start()
     return t
@@ -74,7 +79,7 @@ def test_engine_killed_mid_stream_and_while_a_request_waits(server):
     t = post_on_thread(server.url, {"prompt": "Hi", "max_tokens": 2}, waited)
     assert wait_until(lambda: metric(server.url, "strata_server_queue_depth") == 1, 10), "not queued"
     # one running + one waiting is the bound (parallel 1, max_queued 1): a third is turned away
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+    r = HTTP.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
     assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
     pid = current_engine(server)
     os.kill(pid, signal.SIGKILL)
@@ -88,9 +93,9 @@ def test_engine_killed_mid_stream_and_while_a_request_waits(server):
     assert waited[0].status_code == 503
     assert waited[0].json()["error"] == {"message": WAITED_MESSAGE, "type": "server_error", "param": None,
                                          "code": "engine_stopped"}
-    assert httpx.get(server.url + "/health").status_code == 503
+    assert HTTP.get(server.url + "/health").status_code == 503
     # the next request restarts the engine and is served
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
+    r = HTTP.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
     assert r.status_code == 200, r.text
     assert current_engine(server) != pid and not pid_alive(pid)
     assert metric(server.url, "strata_server_engine_restarts_total") == restarts0 + 1
@@ -105,12 +110,27 @@ def test_engine_killed_during_a_plain_request(server):
     assert out[0].status_code == 503
     err = out[0].json()["error"]
     assert err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL) and err["type"] == "server_error"
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
+    r = HTTP.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
     assert r.status_code == 200
 
 
+def outliving(server, seconds: float) -> dict:
+    """LONG with max_tokens for 3 times what this engine streams in `seconds` (the rate measured
+    here, on a short stream of the same request, between its first and last token): a stream
+    that still runs `seconds` after its first text. (The engine finishes a request that the
+    stopping server ended before it exits, so every token past that is waited for.)"""
+    n = 24
+    probe = StreamReader(server.url, {**LONG, "max_tokens": n})  # (ignore_eos: n tokens)
+    probe.start()
+    probe.join(120)
+    assert probe.status == 200 and len(probe.texts) >= 2, probe.events[-3:]
+    rate = (n - 1) / max(probe.texts[-1] - probe.texts[0], 1e-3)  # tokens per second after the first
+    return {**LONG, "max_tokens": min(LONG["max_tokens"], max(96, math.ceil(3 * rate * seconds)))}
+
+
 def test_sigterm_ends_a_running_stream_cleanly_and_leaves_nothing(server):
-    stream = StreamReader(server.url, LONG)
+    # running past shutdown_timeout after its first text (and the SIGTERM sent at once after it)
+    stream = StreamReader(server.url, outliving(server, SHUTDOWN_TIMEOUT_S + 0.5))
     stream.start()
     assert stream.first.wait(60)
     pids = server.engine_pids()

@@ -6,16 +6,15 @@ from __future__ import annotations
 import signal
 import time
 
-import httpx
 import pytest
 
-from support.server_proc import pid_alive, start_serve, wait_until
+from support.server_proc import HTTP, pid_alive, start_serve, wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
 
 def _slots_busy(url: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in HTTP.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("strata_slots_busy "):
             return float(line.split()[1])
     return -1.0
@@ -28,15 +27,15 @@ def test_request_timeout_gives_504_and_frees_the_slot(tmp_path):
     try:
         p.wait_healthy()
         t0 = time.monotonic()
-        r = httpx.post(p.url + "/v1/completions", timeout=60,
-                       json={"prompt": "Write a long story.", "max_tokens": 2000, "ignore_eos": True})
+        r = HTTP.post(p.url + "/v1/completions", timeout=60,
+                      json={"prompt": "Write a long story.", "max_tokens": 2000, "ignore_eos": True})
         assert r.status_code == 504, r.text
         assert "request_timeout" in r.json()["error"]["message"]
         assert time.monotonic() - t0 < 30
         # the timed-out request's slot is freed (the engine notices the dropped request)...
         assert wait_until(lambda: _slots_busy(p.url) == 0, 30), "the timed-out request kept its slot"
         # ...and serves again: a short request gets its tokens
-        r2 = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        r2 = HTTP.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
         assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] >= 1
         assert p.stop(signal.SIGTERM) == 0
     finally:
@@ -46,7 +45,7 @@ def test_request_timeout_gives_504_and_frees_the_slot(tmp_path):
 def test_startup_timeout_stops_a_slow_engine(tmp_path):
     p = start_serve(tmp_path, {"startup_timeout": 0.2, "args": ["--max-context", "256"]})
     try:
-        r = httpx.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        r = HTTP.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
         assert r.status_code == 503
         assert "did not become ready within 0.2 s" in r.json()["error"]["message"]
         pids = p.engine_pids()

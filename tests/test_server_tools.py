@@ -6,6 +6,7 @@ not, parallel_tool_calls, a tool round trip; bad schemas and choices as one 400 
 The test model (SmolLM2-135M) was not tuned on tool calls: forced calls (required, named) are
 what it can make reliably, so those are what is asserted. Schemas bound their strings and
 numbers so that a whole answer fits in a few dozen tokens (the grammar ends it when complete).
+The server is the one of tests/support/shared_server.py, shared with other modules.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
-from support.server_proc import openai_client, serving
+from support import shared_server
+from support.server_proc import HTTP, openai_client
+from support.shared_server import AUTH, KEY
 
-KEY = "tools-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX = 48  # tokens per answer: room for the bounded answers below
 
 WEATHER = {"type": "function", "function": {
@@ -42,11 +43,9 @@ class Person(BaseModel):
     age: int = Field(ge=0, le=120)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("tools"), {"parallel": 2, "api_key": KEY, "model": "smol",
-                                                  "args": ["--max-context", "1024"]}) as p:
-        yield p
+# the key, "smol" served, 2 slots, a context of shared_server.N_CTX (512: the longest prompt
+# here, two tools' definitions and a question, is ~260 tokens, and an answer at most MAX)
+server = shared_server.module_fixture(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +55,13 @@ def client(server):
 
 def chat(client, **kw):
     return client.chat.completions.create(model="smol", **{"temperature": 0, "max_tokens": MAX, **kw})
+
+
+@pytest.fixture(scope="module")
+def weather_call(client):
+    """The plain answer to ASK_WEATHER with tool_choice required: greedy, so the same answer for
+    each test that looks at it (asked once, not once per test)."""
+    return chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required")
 
 
 def valid_person(value) -> bool:
@@ -103,9 +109,8 @@ def check_weather_call(call) -> None:
     assert set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 12
 
 
-def test_tool_choice_required(client):
-    r = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required")
-    choice = r.choices[0]
+def test_tool_choice_required(weather_call):
+    choice = weather_call.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert len(choice.message.tool_calls) >= 1
     for call in choice.message.tool_calls:
@@ -122,7 +127,7 @@ def test_named_tool_choice_and_one_call_only(client):
     assert set(args) == {"a", "b"} and all(0 <= args[k] <= 9 for k in args)
 
 
-def test_streamed_tool_calls_are_openais_deltas(client):
+def test_streamed_tool_calls_are_openais_deltas(client, weather_call):
     chunks = list(chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required", stream=True))
     calls: dict[int, dict] = {}
     for c in chunks:
@@ -136,12 +141,12 @@ def test_streamed_tool_calls_are_openais_deltas(client):
     assert calls and all(c["name"] == "get_weather" and json.loads(c["arguments"])["city"] for c in calls.values())
     assert not "".join(c.choices[0].delta.content or "" for c in chunks).strip()
     # the stream says what the plain answer says
-    plain = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required").choices[0].message.tool_calls
+    plain = weather_call.choices[0].message.tool_calls
     assert [json.loads(c.function.arguments) for c in plain] == [json.loads(c["arguments"]) for c in calls.values()]
 
 
-def test_a_tool_round_trip(client):
-    first = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required").choices[0].message
+def test_a_tool_round_trip(client, weather_call):
+    first = weather_call.choices[0].message
     call = first.tool_calls[0]
     history = [*ASK_WEATHER,
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
@@ -155,8 +160,8 @@ def test_a_tool_round_trip(client):
 # ---------------------------------------------------------------- refusals
 
 def post(server, body) -> httpx.Response:
-    return httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=120,
-                      json={"messages": ASK_WEATHER, "max_tokens": 4, **body})
+    return HTTP.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=120,
+                     json={"messages": ASK_WEATHER, "max_tokens": 4, **body})
 
 
 @pytest.mark.parametrize("body,param", [

@@ -19,6 +19,47 @@ def make_seed_moe(out: Path) -> Path:
     return out
 
 
+SHARED_VOCAB = 4096
+SHARED_SEED_MOE_VOCAB = SHARED_VOCAB
+_shared_packs: dict[tuple[str, str, int], Path] = {}
+
+
+def _shared_pack(tmp_path_factory, name: str, spec, vocab: int, mtp: bool) -> Path:
+    """A synthetic pack written once per pytest session (under its base temporary folder)."""
+    from dataclasses import replace
+
+    from strata.pack.synth import synth_pack
+
+    key = (str(tmp_path_factory.getbasetemp()), name, vocab)
+    out = _shared_packs.get(key)
+    if out is None or not (out / "mtp" if mtp else out).is_dir():
+        out = tmp_path_factory.mktemp(f"{name}-v{vocab}")
+        synth_pack(replace(spec, vocab=vocab), out, mtp_dir=out / "mtp" if mtp else None,
+                   progress=lambda *a, **k: None)
+        _shared_packs[key] = out
+    return out
+
+
+def shared_seed_moe(tmp_path_factory, vocab: int = SHARED_VOCAB) -> Path:
+    """The seed-moe preset with its MTP draft (as make_seed_moe), written once per pytest session
+    for every module that asks, at a vocabulary of 4096 instead of 49152 by default: the output
+    head and the embedding, about half of a load and of a wide window's cost on this tiny model,
+    are 12x smaller, while the layers, the experts and their types (what the seed story is about)
+    stay. The tokenizer is the test model's first `vocab` tokens with the merges among them."""
+    from strata.pack.presets import PRESETS
+
+    return _shared_pack(tmp_path_factory, "seed-moe", PRESETS["seed-moe"], vocab, mtp=True)
+
+
+def shared_tiny(tmp_path_factory, arch: str, vocab: int = SHARED_VOCAB) -> Path:
+    """The TINY preset of `arch` (strata.pack.presets.TINY; a hybrid one has its nextn layer),
+    written once per pytest session, at a vocabulary of 4096 by default (see shared_seed_moe:
+    on the tiny hybrid the head is most of a window)."""
+    from strata.pack.presets import TINY
+
+    return _shared_pack(tmp_path_factory, f"tiny-{arch}", TINY[arch], vocab, mtp=False)
+
+
 def load_engine(args: list[str]) -> tuple[EngineCore, list[str]]:
     lines: list[str] = []
     core = EngineCore.load(parse_engine_args(args, serving=False), log=lines.append)
@@ -50,4 +91,4 @@ def chat_prompts(core: EngineCore, texts) -> list[list[int]]:
             for t in texts]
 
 
-__all__ = ["make_seed_moe", "load_engine", "collect", "greedy", "request", "run_all", "chat_prompts", "queue"]
+__all__ = ["make_seed_moe", "shared_seed_moe", "shared_tiny", "load_engine", "collect", "greedy", "request", "run_all", "chat_prompts", "queue"]

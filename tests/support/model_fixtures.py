@@ -161,3 +161,42 @@ def run(core, ids, **params):
     handle = core.submit(GenerationRequest(list(ids), SamplingParams(**params)))
     core.scheduler.run_until_idle()
     return drain(handle)
+
+
+# ------------------------------------------------------------------ plain greedy references
+PLAIN_MIN_TOKENS = 32  # a reference is decoded this far at least, so modules asking for fewer share it
+_plain_refs: dict[tuple[int, ...], tuple[list[int], bool]] = {}  # prompt -> (ids, whole: ended before its cap)
+
+
+@functools.lru_cache(maxsize=None)
+def plain_scheduler(kv: str = "f16"):
+    """Plain decoding on the shared test model's weights (engine(None, 4).model): one slot, no
+    draft, no prompt reuse, a `kv` cache; driven on the caller's thread. The reference that
+    lossless MTP and prompt-reuse checks compare with, without loading the model once more."""
+    from strata.batch.scheduler import Scheduler, SchedulerConfig
+
+    core = engine(None, 4)
+    cfg = SchedulerConfig(parallel=1, max_ctx=2048, kv_kind=kv, prefill_chunk=512)
+    return Scheduler(core.model, core.tokenizer, cfg, log=lambda line: None)
+
+
+def plain_greedy(prompts, max_tokens: int) -> list[list[int]]:
+    """Plain decoding's greedy tokens (one request at a time, no draft) for each prompt, cut at
+    max_tokens; each prompt is decoded once per process (to max(max_tokens, PLAIN_MIN_TOKENS):
+    greedy tokens do not depend on the cap, so a shorter ask is the prefix of a longer one)."""
+    from strata.engine.protocol import GenerationRequest, SamplingParams
+
+    out = []
+    for p in prompts:
+        key = tuple(int(t) for t in p)
+        ids, whole = _plain_refs.get(key, ([], False))
+        if not whole and len(ids) < max_tokens:
+            cap = max(max_tokens, PLAIN_MIN_TOKENS)
+            sch = plain_scheduler()
+            h = sch.submit(GenerationRequest(list(key), SamplingParams(max_tokens=cap, temperature=0.0)))
+            sch.run_until_idle()
+            ids = h.collect(timeout=120)[0]
+            whole = len(ids) < cap
+            _plain_refs[key] = (ids, whole)
+        out.append(list(ids[:max_tokens]))
+    return out

@@ -13,9 +13,20 @@ import threading
 import time
 from pathlib import Path
 
+import http.cookiejar
+
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# One client for the tests' requests, for use as httpx.get/post/stream/request are: each request
+# opens its own connection and closes it after the answer (no keep-alive), sends the same
+# headers, keeps no cookies and has httpx's default 5 s timeout. httpx.get and its kin build a
+# new client (and its TLS context: ~40 ms of CPU, more on a loaded machine) per call, which
+# adds up over hundreds of requests and polls.
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0),
+                    cookies=httpx.Cookies(http.cookiejar.CookieJar(
+                        policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))))
 
 
 def pid_alive(pid: int) -> bool:
@@ -95,7 +106,7 @@ class StrataProcess:
     def wait_healthy(self, timeout: float = 120.0) -> None:
         def ok() -> bool:
             try:
-                return httpx.get(self.url + "/health", timeout=2).status_code == 200
+                return HTTP.get(self.url + "/health", timeout=2).status_code == 200
             except httpx.HTTPError:
                 return False
         if not wait_until(ok, timeout, 0.1):
@@ -129,13 +140,19 @@ class StrataProcess:
                     pass
 
 
-def start_serve(tmp_path: Path, config: dict | str | None, *extra: str) -> StrataProcess:
+def spawn_serve(tmp_path: Path, config: dict | str | None, *extra: str) -> StrataProcess:
+    """start_serve without waiting: the child loads while the caller does something else (call
+    wait_listening before using its url)."""
     args = ["--port", "0", *extra]
     if config is not None:
         path = tmp_path / "serve.json"
         path.write_text(config if isinstance(config, str) else json.dumps(config))
         args = ["--config", str(path), *args]
-    p = StrataProcess("serve", args)
+    return StrataProcess("serve", args)
+
+
+def start_serve(tmp_path: Path, config: dict | str | None, *extra: str) -> StrataProcess:
+    p = spawn_serve(tmp_path, config, *extra)
     p.wait_listening()
     return p
 
@@ -161,7 +178,7 @@ def openai_client(server: StrataProcess, key: str, timeout: float = 120):
 
 def metric(url: str, name: str, headers: dict | None = None) -> float:
     """The sum of a metric's samples (0 when absent)."""
-    text = httpx.get(url + "/metrics", headers=headers or {}, timeout=10).text
+    text = HTTP.get(url + "/metrics", headers=headers or {}, timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and (line[len(name)] in " {"):
