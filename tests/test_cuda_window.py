@@ -408,11 +408,12 @@ def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, case, monke
 
 
 def test_wide_graphs_keep_the_most_recent(tmp_path, monkeypatch):
-    """At most MAX_WIDE_GRAPHS wide graphs are held; the least recently replayed goes first,
+    """At most the policy's count of wide graphs (MAX_WIDE_GRAPHS) is held; the least recently replayed goes first,
     and its shape, seen again, is captured again (same bits as without graphs)."""
     from strata.backend import cuda_graphs
 
-    monkeypatch.setattr(cuda_graphs, "MAX_WIDE_GRAPHS", 2)
+    monkeypatch.setattr(cuda_graphs, "GRAPH_POLICY", {**cuda_graphs.GRAPH_POLICY,
+                                                      "wide": cuda_graphs._Policy(False, 2)})
     path = synth_for_gpu(tmp_path, "llama")
     graphed = CudaBackend(fused=True)
     eager = CudaBackend(fused=True)
@@ -428,6 +429,43 @@ def test_wide_graphs_keep_the_most_recent(tmp_path, monkeypatch):
     held = [k for k, v in g.graphs.items() if v is not None]
     assert len(g.wide) == 2 and set(held) == set(g.wide)  # the dropped graphs are gone
     assert g.replays >= 3
+
+
+def test_mixed_windows_are_captured_when_seen_again_and_few_are_kept(tmp_path, monkeypatch):
+    """A window with a multi-token span beside decoding rows (a prompt arriving while others
+    decode) runs eagerly the first time its shape is seen and is captured the second; at most
+    the policy's count of such graphs is kept, the least recently replayed dropped. Decode
+    windows are captured at first sight. Every window has the graphs-off bits."""
+    from strata.backend import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "GRAPH_POLICY", {**cuda_graphs.GRAPH_POLICY,
+                                                      "mixed": cuda_graphs._Policy(False, 2)})
+    path = synth_for_gpu(tmp_path, "llama")
+    graphed = CudaBackend(fused=True)
+    eager = CudaBackend(fused=True)
+    eager.graphs = None
+    model, ref_model = _load(path, graphed), _load(path, eager)
+    g = graphed.graphs
+    rng = np.random.default_rng(24)
+    got = _windows(model, [[(0, rng.integers(0, 1024, 4))]], "f16")  # a prompt alone: seen once, eager
+    got += _windows(model, [[(0, [5])]], "f16")  # a decode window: captured at once
+    assert g.captures == 1
+    decode_keys = set(g.graphs)
+    sizes = (6, 9, 6, 11, 9, 6, 11)  # the prompt beside one decoding row
+    windows = [[(0, [7]), (1, rng.integers(0, 1024, n))] for n in sizes]
+    counts = []
+    for w in windows:
+        got += _windows(model, [w], "f16")
+        counts.append(g.captures)
+    # 6 eager, 9 eager, 6 captured, 11 eager, 9 captured, 6 replayed, 11 captured (9 dropped)
+    assert counts == [1, 1, 2, 2, 3, 3, 4], counts
+    live = {k for k, v in g.graphs.items() if v is not None}
+    assert len(g.held["mixed"]) == 2 and live - decode_keys == set(g.held["mixed"])  # the dropped one is gone
+    rng = np.random.default_rng(24)
+    ref = _windows(ref_model, [[(0, rng.integers(0, 1024, 4))]], "f16") + _windows(ref_model, [[(0, [5])]], "f16")
+    ref += [_windows(ref_model, [[(0, [7]), (1, rng.integers(0, 1024, n))]], "f16")[0] for n in sizes]
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert np.array_equal(a, b), f"window {i}"
 
 
 def test_wide_windows_stay_eager_when_device_memory_is_short(tmp_path, monkeypatch):

@@ -15,9 +15,18 @@ exactly what the capture will ask for, so no memory is allocated during capture,
 array outside the graphs is ever handed memory a graph writes. Graphs share that pool: they
 run one at a time on one stream and each replay's output is copied out before the next.
 
-Wide windows (a prompt's chunk, up to STRATA_CUDA_WIDE_GRAPH_TOKENS tokens) are graphed too, on
-a shape's second sighting (a one-off prompt length never pays a capture) and at most
-MAX_WIDE_GRAPHS of them, the least recently replayed dropped first (their buffers are large).
+Which shapes are captured, and how many are kept, depends on the window's kind (GRAPH_POLICY):
+- decode windows (every span one token) are captured at first sight and all kept: there are
+  few (slots x attention splits x KV kind) and every step replays one;
+- windows with a multi-token span of up to MAX_GRAPH_TOKENS tokens (a short prompt beside the
+  decoding slots, a verification window) are captured on their second sighting and at most
+  MAX_MIXED_GRAPHS are kept, the least recently replayed dropped first. Prompts arrive at any
+  time and of any length, so most such mixes are seen once: capturing each at first sight cost
+  two eager runs of host time while the other streams waited (1-3 captures a round of 8
+  streaming clients through `strata serve` on the H200, still after 16 rounds), and kept a graph
+  per mix for the server's lifetime;
+- wide windows (a prompt's chunk, up to STRATA_CUDA_WIDE_GRAPH_TOKENS tokens) likewise, at most
+  MAX_WIDE_GRAPHS of them (their buffers are large).
 Their prompt rows read where the prompt starts and which cache it fills from the window table
 (attention_prefill_window), so a full chunk's graph serves every long prompt of any slot. A
 window whose warm-up needed something a graph cannot hold (cuBLAS without Strata's handle for
@@ -47,6 +56,25 @@ MAX_GRAPH_TOKENS = 64
 WIDE_GRAPH_TOKENS_ENV = "STRATA_CUDA_WIDE_GRAPH_TOKENS"
 WIDE_GRAPH_TOKENS = 1024
 MAX_WIDE_GRAPHS = 4
+MAX_MIXED_GRAPHS = 32
+SEEN_ONCE_LIMIT = 4096  # shapes remembered as seen once (the oldest forgotten first)
+
+
+@dataclass(frozen=True)
+class _Policy:
+    first_sight: bool  # captured the first time the shape is seen (else the second)
+    keep: int | None  # graphs of this kind kept, least recently replayed dropped first (None: all)
+
+
+GRAPH_POLICY = {"decode": _Policy(True, None), "mixed": _Policy(False, MAX_MIXED_GRAPHS),
+                "wide": _Policy(False, MAX_WIDE_GRAPHS)}
+
+
+def window_kind(spans: Sequence[Any]) -> str:
+    counts = [int(sp.count) for sp in spans]
+    if sum(counts) > MAX_GRAPH_TOKENS:
+        return "wide"
+    return "decode" if max(counts) == 1 else "mixed"
 # A wide window is captured only while the device has this much memory free: its graph keeps a
 # prompt chunk's activations in the graphs' pool beside the blocks its eager runs left in CuPy's
 # (a card filled by its pack and caches keeps its prompt chunks eager, as before graphs took them).
@@ -83,8 +111,10 @@ class WindowGraphs:
         self.graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, that shape runs eagerly
         self.replays = 0
         self.wide_tokens = int(os.environ.get(WIDE_GRAPH_TOKENS_ENV, WIDE_GRAPH_TOKENS))
-        self.wide_seen: set[tuple] = set()  # wide shapes seen once (captured when seen again)
-        self.wide: OrderedDict[tuple, None] = OrderedDict()  # wide graphs held, least recent first
+        self.seen_once: OrderedDict[tuple, None] = OrderedDict()  # shapes captured when seen again
+        self.held: dict[str, OrderedDict[tuple, None]] = {kind: OrderedDict() for kind, p in GRAPH_POLICY.items()
+                                                          if p.keep is not None}  # least recent first
+        self.captures = 0
         self.kept_eager: list[tuple[int, tuple[str, ...]]] = []  # (tokens, blockers) of shapes kept eager
         self.failures: list[str] = []  # one line per failed capture (also written to stderr)
 
@@ -136,26 +166,30 @@ class WindowGraphs:
         shapes = tuple((k, v.shape, str(v.dtype)) for k, v in inputs.items())
         key = (owner, shapes, tuple(len(w) for w in windows), tuple(p[2] for p in parts), spans[0].cache.kind,
                tuple(b.prompt_layout(w) for w in windows))
-        wide = sum(int(sp.count) for sp in spans) > MAX_GRAPH_TOKENS
+        kind = window_kind(spans)
+        held = self.held.get(kind)
         with self.stream:
             if key not in self.graphs:
-                if wide and key not in self.wide_seen:  # first sighting: eager, remembered
-                    self.wide_seen.add(key)
+                if not GRAPH_POLICY[kind].first_sight and key not in self.seen_once:  # eager, remembered
+                    self.seen_once[key] = None
+                    if len(self.seen_once) > SEEN_ONCE_LIMIT:
+                        self.seen_once.popitem(last=False)
                     return self._eager(window, inputs, table, parts)
-                if wide and (b.free_bytes() or 0) < WIDE_GRAPH_MIN_FREE_BYTES:  # too little memory left
+                if kind == "wide" and (b.free_bytes() or 0) < WIDE_GRAPH_MIN_FREE_BYTES:  # too little memory left
                     self.graphs[key] = None
                     self.kept_eager.append((sum(int(sp.count) for sp in spans), ("device memory",)))
                     return self._eager(window, inputs, table, parts)
                 g, outs = self._capture(window, inputs, spans, table, parts)
                 self.graphs[key] = g
-                if wide and g is not None:
-                    self._hold_wide(key)
+                self.captures += 1
+                if held is not None and g is not None:
+                    self._hold(kind, key)
                 return outs
             g = self.graphs[key]
             if g is None:
                 return self._eager(window, inputs, table, parts)
-            if wide:
-                self.wide.move_to_end(key)
+            if held is not None:
+                held.move_to_end(key)
             for k, v in inputs.items():
                 if k in g.packed_names:
                     continue
@@ -169,12 +203,17 @@ class WindowGraphs:
             lend = borrow + (False,) * (len(g.outputs) - len(borrow))
             return tuple(o if keep else o.copy() for o, keep in zip(g.outputs, lend))
 
-    def _hold_wide(self, key: tuple) -> None:
-        """Keep the new wide graph; past MAX_WIDE_GRAPHS drop the least recently replayed (its
-        shape is captured again if it returns: it is still marked seen)."""
-        self.wide[key] = None
-        while len(self.wide) > MAX_WIDE_GRAPHS:
-            old, _ = self.wide.popitem(last=False)
+    @property
+    def wide(self) -> OrderedDict:
+        return self.held["wide"]
+
+    def _hold(self, kind: str, key: tuple) -> None:
+        """Keep the new graph; past its kind's limit drop the least recently replayed (a shape
+        that returns is captured again: it is still marked seen)."""
+        held = self.held[kind]
+        held[key] = None
+        while len(held) > GRAPH_POLICY[kind].keep:
+            old, _ = held.popitem(last=False)
             del self.graphs[old]
 
     def _capture(self, window, inputs: dict[str, Any], spans: Sequence[Any], table: Any, parts: list):
