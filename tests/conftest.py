@@ -11,6 +11,26 @@ import os
 import sys
 
 MODEL_UNAVAILABLE_ENV = "STRATA_TEST_MODEL_UNAVAILABLE"  # why the test model could not be had
+MAX_WORKERS = 4  # each worker holds its modules' engines and servers: memory, not cores, bounds it
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (the default addopts): one worker per core, at most MAX_WORKERS."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def _share_the_cores() -> None:
+    """In a worker: its share of the cores for BLAS and for every CPU engine it (or a child
+    process it starts) loads, unless the caller said otherwise. Two workers with an engine each
+    at every core's thread count would make OpenBLAS's threads wait on each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    for var in ("STRATA_CPU_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, share)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share_the_cores()
 
 
 def pytest_sessionstart(session) -> None:

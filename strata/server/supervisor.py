@@ -31,7 +31,6 @@ import time
 from typing import Any, AsyncIterator, Callable
 from urllib.parse import quote
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -42,6 +41,7 @@ from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, fir
 from strata.server.config import ServerConfig
 from strata.server.edge import EdgeMiddleware, EdgePolicy
 from strata.server.app import ACCESS_KEY, USAGE_TRAILER, USAGE_TRAILER_HEADER, AccessLog, AccessRecord
+from strata.server.engine_client import EngineClient, EngineUnreachable, Reply
 from strata.server.engine_launch import Launched, engine_argv, engine_command, free_port, launch
 from strata.server.errors import APIError, invalid
 from strata.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -198,7 +198,7 @@ class Supervisor:
         self.retry_at = 0.0
         self.last_failure: str | None = None
         self.outstanding = 0  # admitted requests: waiting here or running in the engine
-        self.client: httpx.AsyncClient | None = None
+        self.client: EngineClient | None = None
         self._lock = asyncio.Lock()
         self._starts = 0
         self.ever_ready = False  # some engine child became ready: later start failures are retried
@@ -214,9 +214,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ starting and stopping
     async def start(self) -> None:
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-                                        headers={"authorization": f"Bearer {self.engine_secret}"})
+        self.client = EngineClient(headers={"authorization": f"Bearer {self.engine_secret}"})
         async with self._lock:
             self._spawn()
 
@@ -257,7 +255,7 @@ class Supervisor:
                     child.ready.set_result(child)
                     self.log(f"strata serve: engine ready (pid {child.pid})")
                     break
-            except httpx.HTTPError:
+            except EngineUnreachable:
                 pass
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(child.exited.wait(), HEALTH_POLL_S)
@@ -297,7 +295,7 @@ class Supervisor:
                 body = r.json() if r.status_code == 503 else {}
                 if isinstance(body, dict) and body.get("status") == "unhealthy":
                     why = (body.get("error") or {}).get("message") or "it says it is unhealthy"
-            except (httpx.HTTPError, ValueError):  # (ValueError: a body that is not JSON)
+            except (EngineUnreachable, ValueError):  # (ValueError: a body that is not JSON)
                 misses += 1
                 if misses >= WATCH_MISSES:
                     why = f"its /health did not answer within {WATCH_ANSWER_S:g} s, {misses} times in a row"
@@ -435,7 +433,7 @@ class ServeApp:
     async def _upstream_error(self, child: EngineChild, exc: Exception) -> APIError:
         if await child.wait_exit(EXIT_SETTLE_S):
             return _died(child.exit_code)
-        return APIError("server_error", f"the engine connection failed: {type(exc).__name__}: {exc}", status=503,
+        return APIError("server_error", f"the engine connection failed: {exc}", status=503,
                         code="engine_connection_failed")
 
     async def _generate(self, request: Request, path: str) -> Response:
@@ -467,11 +465,10 @@ class ServeApp:
             headers = {"content-type": "application/json"}
             if rec is not None:  # the engine then ends a stream with its usage, for the access log
                 headers[USAGE_TRAILER_HEADER] = "1"
-            upstream = sup.client.build_request("POST", child.url + path, content=raw, headers=headers)
             try:
-                outcome, resp = await first_of(sup.client.send(upstream, stream=True),
+                outcome, resp = await first_of(sup.client.send("POST", child.url + path, raw, headers),
                                                {"gone": gone, "shutdown": sup.drain.expired}, self._left(deadline))
-            except httpx.TransportError as e:
+            except EngineUnreachable as e:
                 raise await self._upstream_error(child, e) from None
             self._raise_outcome(outcome)
             if req.stream and resp.status_code == 200:
@@ -483,7 +480,7 @@ class ServeApp:
             try:
                 outcome, body = await first_of(resp.aread(), {"gone": gone, "shutdown": sup.drain.expired},
                                                self._left(deadline))
-            except httpx.TransportError as e:
+            except EngineUnreachable as e:
                 raise await self._upstream_error(child, e) from None
             finally:
                 await resp.aclose()
@@ -517,7 +514,7 @@ class ServeApp:
         self._raise_outcome(outcome)
         return child
 
-    def _relay_cleanup(self, resp: httpx.Response, lease: _Lease):
+    def _relay_cleanup(self, resp: Reply, lease: _Lease):
         done = False
 
         async def cleanup() -> None:
@@ -530,7 +527,7 @@ class ServeApp:
             await resp.aclose()  # closing the upstream makes the engine cancel the generation
         return cleanup
 
-    async def _relay(self, resp: httpx.Response, child: EngineChild, deadline, cleanup,
+    async def _relay(self, resp: Reply, child: EngineChild, deadline, cleanup,
                      rec: AccessRecord | None = None) -> AsyncIterator[bytes]:
         """Pass the engine's SSE bytes through as they come, unparsed (what arrived since the last
         write goes out as one chunk); if the engine dies or time runs out, end the stream with an
@@ -561,7 +558,7 @@ class ServeApp:
                         rec.set(int(m[1]), int(m[2]))
                     break
                 if what == "error":
-                    if not isinstance(value, httpx.TransportError):
+                    if not isinstance(value, EngineUnreachable):
                         raise value
                     err = await self._upstream_error(child, value)
                 else:
@@ -600,7 +597,7 @@ class ServeApp:
             else:
                 r = await self.sup.client.post(child.url + path, content=body, timeout=PASS_TIMEOUT_S,
                                                headers={"content-type": "application/json"})
-        except httpx.TransportError as e:
+        except EngineUnreachable as e:
             raise await self._upstream_error(child, e) from None
         return Response(r.content, status_code=r.status_code,
                         media_type=r.headers.get("content-type", "application/json"))
@@ -634,7 +631,7 @@ class ServeApp:
             text = sup.metrics.render()
             child = sup.child
             if child is not None and child.alive and child.is_ready:
-                with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(EngineUnreachable):
                     r = await sup.client.get(child.url + "/metrics", timeout=2.0)
                     if r.status_code == 200:
                         text += r.content
