@@ -401,19 +401,23 @@ def test_wide_prompt_windows_replay_eager_bits(tmp_path, arch, kind, case, monke
     if case == "grouped experts":
         assert graphed.expert_kernels["mmq_experts_grouped"] > 0
     if blocker is None:
-        assert len(g.wide) == 2 and g.replays >= 2 and not g.kept_eager
+        assert len(g.held["wide"]) == 2 and g.replays >= 2 and not g.kept_eager
     else:
-        assert not g.wide and g.kept_eager and all(blocker in reasons for _, reasons in g.kept_eager)
+        assert not g.held["wide"] and g.kept_eager and all(blocker in reasons for _, reasons in g.kept_eager)
     assert not g.failures
+
+
+def _keep_at_most(monkeypatch, kind: str, n: int) -> None:
+    """The graph policy with `kind` windows captured on their second sighting, n of them kept."""
+    from strata.backend import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "GRAPH_POLICY", {**cuda_graphs.GRAPH_POLICY, kind: cuda_graphs._Policy(False, n)})
 
 
 def test_wide_graphs_keep_the_most_recent(tmp_path, monkeypatch):
     """At most the policy's count of wide graphs (MAX_WIDE_GRAPHS) is held; the least recently replayed goes first,
     and its shape, seen again, is captured again (same bits as without graphs)."""
-    from strata.backend import cuda_graphs
-
-    monkeypatch.setattr(cuda_graphs, "GRAPH_POLICY", {**cuda_graphs.GRAPH_POLICY,
-                                                      "wide": cuda_graphs._Policy(False, 2)})
+    _keep_at_most(monkeypatch, "wide", 2)
     path = synth_for_gpu(tmp_path, "llama")
     graphed = CudaBackend(fused=True)
     eager = CudaBackend(fused=True)
@@ -427,7 +431,7 @@ def test_wide_graphs_keep_the_most_recent(tmp_path, monkeypatch):
         assert np.array_equal(a, b), f"window {i}"
     g = graphed.graphs
     held = [k for k, v in g.graphs.items() if v is not None]
-    assert len(g.wide) == 2 and set(held) == set(g.wide)  # the dropped graphs are gone
+    assert len(g.held["wide"]) == 2 and set(held) == set(g.held["wide"])  # the dropped graphs are gone
     assert g.replays >= 3
 
 
@@ -436,10 +440,7 @@ def test_mixed_windows_are_captured_when_seen_again_and_few_are_kept(tmp_path, m
     decode) runs eagerly the first time its shape is seen and is captured the second; at most
     the policy's count of such graphs is kept, the least recently replayed dropped. Decode
     windows are captured at first sight. Every window has the graphs-off bits."""
-    from strata.backend import cuda_graphs
-
-    monkeypatch.setattr(cuda_graphs, "GRAPH_POLICY", {**cuda_graphs.GRAPH_POLICY,
-                                                      "mixed": cuda_graphs._Policy(False, 2)})
+    _keep_at_most(monkeypatch, "mixed", 2)
     path = synth_for_gpu(tmp_path, "llama")
     graphed = CudaBackend(fused=True)
     eager = CudaBackend(fused=True)
@@ -485,7 +486,7 @@ def test_wide_windows_stay_eager_when_device_memory_is_short(tmp_path, monkeypat
     for i, (a, b) in enumerate(zip(got, ref)):
         assert np.array_equal(a, b), f"window {i}"
     g = graphed.graphs
-    assert not g.wide and g.kept_eager == [(80, ("device memory",))] and g.replays >= 1
+    assert not g.held["wide"] and g.kept_eager == [(80, ("device memory",))] and g.replays >= 1
 
 
 def _batch_mtp_equals_plain(tmp_path, spec: int, lengths: tuple[int, int], tokens: int, seed: int,

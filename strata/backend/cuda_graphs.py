@@ -59,6 +59,11 @@ MAX_WIDE_GRAPHS = 4
 MAX_MIXED_GRAPHS = 32
 SEEN_ONCE_LIMIT = 4096  # shapes remembered as seen once (the oldest forgotten first)
 
+# A wide window is captured only while the device has this much memory free: its graph keeps a
+# prompt chunk's activations in the graphs' pool beside the blocks its eager runs left in CuPy's
+# (a card filled by its pack and caches keeps its prompt chunks eager, as before graphs took them).
+WIDE_GRAPH_MIN_FREE_BYTES = 4 << 30
+
 
 @dataclass(frozen=True)
 class _Policy:
@@ -75,10 +80,6 @@ def window_kind(spans: Sequence[Any]) -> str:
     if sum(counts) > MAX_GRAPH_TOKENS:
         return "wide"
     return "decode" if max(counts) == 1 else "mixed"
-# A wide window is captured only while the device has this much memory free: its graph keeps a
-# prompt chunk's activations in the graphs' pool beside the blocks its eager runs left in CuPy's
-# (a card filled by its pack and caches keeps its prompt chunks eager, as before graphs took them).
-WIDE_GRAPH_MIN_FREE_BYTES = 4 << 30
 
 
 @dataclass
@@ -202,10 +203,6 @@ class WindowGraphs:
             self.replays += 1
             lend = borrow + (False,) * (len(g.outputs) - len(borrow))
             return tuple(o if keep else o.copy() for o, keep in zip(g.outputs, lend))
-
-    @property
-    def wide(self) -> OrderedDict:
-        return self.held["wide"]
 
     def _hold(self, kind: str, key: tuple) -> None:
         """Keep the new graph; past its kind's limit drop the least recently replayed (a shape

@@ -175,8 +175,6 @@ class EngineClient:
                 if conn.reused and attempt == 0:
                     continue
                 raise EngineUnreachable("the engine closed the connection without answering")
-            while isinstance(ev, h11.InformationalResponse):
-                ev = await conn.next_event()
             return Reply(self, key, conn, ev)
         raise AssertionError("unreachable")
 
