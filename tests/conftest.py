@@ -32,6 +32,14 @@ def _share_the_cores() -> None:
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _share_the_cores()
 
+# Modules whose one test runs a minute start first, so that they never end the run alone on one
+# worker while the others are done (test_readme runs every README command in turn: ~60 s)
+LONGEST_FIRST = ("test_readme.py",)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # (a stable sort)
+
 
 def pytest_sessionstart(session) -> None:
     from strata.defaults import ENV_OFFLINE, find_default_model, offline, pull_default_model
