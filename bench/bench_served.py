@@ -1,7 +1,8 @@
 """Served throughput beside the engine's own: the engine alone, `strata engine` over HTTP, `strata serve`.
 
   python bench/bench_served.py [--pack P] [--device cpu|cuda] [--clients 8] [--tokens 256]
-        [--batches 1,4,8] [--runs 3] [--parts engine,http,serve] [--tree DIR] [--json FILE]
+        [--batches 1,4,8] [--runs 3] [--parts engine,http,serve] [--tree DIR] [--base DIR ...]
+        [--sequential] [--json FILE]
 
 One call measures, on the same pack, prompts and flags:
 - engine: the engine core in this process through the real scheduler, as bench/bench_gpu_engine.py
@@ -10,14 +11,19 @@ One call measures, on the same pack, prompts and flags:
   prompt's own prefill (the floor under a served first token);
 - http: `strata engine` as a child process, driven over HTTP on 127.0.0.1;
 - serve: `strata serve` (its own engine child), driven through its public port.
-The served parts send --clients concurrent OpenAI streaming /v1/completions requests (the same
-16-token prompts as token ids, max_tokens = --tokens, ignore_eos, temperature 0, usage included),
-from a light HTTP/1.1 client on one event loop in this process, and report: aggregate tok/s (all
-completion tokens / wall time of the round, median of --runs rounds after a warm-up), its ratio to
-the engine at B = --clients, time to first text p50/p99, the gap between a request's consecutive
-text events at the client p50/p99, and the first-text time of one client on an idle server
-(median of 10), after --warmup untimed rounds, and the CPU the started server process used
-(in cores: `serve` is the proxy alone, its engine child not counted). --tree runs another checkout's strata (a baseline) with this same driver.
+The servers are started first; then each timed round of the engine at B = --clients is followed
+by one round of every server, --runs times, so that a slow patch of a shared machine falls on
+all of them alike (--sequential: each part alone, one after another; the engines then never
+share the device's memory). --base adds another checkout's servers (a baseline) to the same
+rounds. The served parts send --clients concurrent OpenAI streaming /v1/completions requests
+(the same 16-token prompts as token ids, max_tokens = --tokens, ignore_eos, temperature 0, usage
+included), from a light HTTP/1.1 client on one event loop in this process, and report: aggregate
+tok/s (all completion tokens / wall time of the round, median of the rounds after --warmup
+untimed ones), its ratio to the engine at B = --clients, time to first text p50/p99, the gap
+between a request's consecutive text events at the client p50/p99, the first-text time of one
+client on an idle server (median of 10), and the CPU the started server process used (in cores:
+`serve` is the proxy alone, its engine child not counted). --tree runs another checkout's
+strata with this same driver.
 """
 
 from __future__ import annotations
@@ -175,50 +181,64 @@ async def drive(port: int, prompts: list[list[int]], tokens: int, runs: int, war
         await one_round(port, prompts, tokens, None)
     for _ in range(runs):
         out.rates.append(await one_round(port, prompts, tokens, out, server_pid))
+    await idle_ttft(port, prompts[0], out)
+    return out
+
+
+async def idle_ttft(port: int, prompt: list[int], out: Served) -> None:
+    """The first-text time of one client on the idle server, IDLE_TTFT_TRIES times."""
     for _ in range(IDLE_TTFT_TRIES):
-        arrivals, _, sent = await stream_completion(port, {"prompt": prompts[0], "max_tokens": 2, "temperature": 0,
+        arrivals, _, sent = await stream_completion(port, {"prompt": prompt, "max_tokens": 2, "temperature": 0,
                                                            "ignore_eos": True, "stream": True,
                                                            "stream_options": {"include_usage": True}})
         out.idle_ttft.append(arrivals[0] - sent)
-    return out
 
 
 # ---------------------------------------------------------------- the engine alone
 
-def engine_alone(tree: Path, engine_args: list[str], prompts, batches: list[int], tokens: int, runs: int) -> dict:
-    sys.path.insert(0, str(tree))
-    from strata.engine.core import EngineCore
-    from strata.engine.options import parse_engine_args
-    from strata.engine.protocol import GenerationRequest, SamplingParams
+class EngineAlone:
+    """The engine core of `tree` in this process, driven through the real scheduler."""
 
-    core = EngineCore.load(parse_engine_args(engine_args, serving=False), log=lambda s: None)
+    def __init__(self, tree: Path, engine_args: list[str]):
+        sys.path.insert(0, str(tree))
+        from strata.engine.core import EngineCore
+        from strata.engine.options import parse_engine_args
+        from strata.engine.protocol import GenerationRequest, SamplingParams
 
-    def timed(ps, n) -> float:
-        hs = [core.submit(GenerationRequest(list(p), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
+        self._request, self._params = GenerationRequest, SamplingParams
+        self.core = EngineCore.load(parse_engine_args(engine_args, serving=False), log=lambda s: None)
+
+    def timed(self, ps, n) -> float:
+        """Seconds for B = len(ps) requests of n tokens each, all at once."""
+        hs = [self.core.submit(self._request(list(p), self._params(max_tokens=n, temperature=0.0, ignore_eos=True)))
               for p in ps]
         t0 = time.perf_counter()
-        core.scheduler.run_until_idle()
+        self.core.scheduler.run_until_idle()
         dt = time.perf_counter() - t0
         for h in hs:
             h.collect()
         return dt
 
-    def median_time(ps, n) -> float:
-        return statistics.median(timed(ps, n) for _ in range(runs))
+    def rate(self, ps, tokens: int, runs: int) -> tuple[float, float]:
+        """(tok/s of B x tokens, the 1-token time): median times of 1 + tokens minus 1 token."""
+        self.timed(ps, 1 + tokens)
+        t1 = statistics.median(self.timed(ps, 1) for _ in range(runs))
+        tn = statistics.median(self.timed(ps, 1 + tokens) for _ in range(runs))
+        return len(ps) * tokens / max(tn - t1, 1e-9), t1
 
+    def close(self) -> None:
+        self.core = None  # its device memory goes back before later parts start their engines
+        gc.collect()
+        _free_device_memory()
+
+
+def engine_alone(eng: EngineAlone, prompts, batches: list[int], tokens: int, runs: int) -> dict:
     out = {}
     for b in batches:
-        ps = prompts[:b]
-        timed(ps, 1 + tokens)
-        t1 = median_time(ps, 1)
-        tn = median_time(ps, 1 + tokens)
-        out[b] = b * tokens / max(tn - t1, 1e-9)
+        out[b], t1 = eng.rate(prompts[:b], tokens, runs)
         if b == 1:
             out["prefill_ms"] = t1 * 1000.0
         print(f"[engine] B={b}: {out[b]:.1f} tok/s", flush=True)
-    core = None  # its device memory goes back before the served parts start their engines
-    gc.collect()
-    _free_device_memory()
     return out
 
 
@@ -254,7 +274,8 @@ class Child:
                  else {"start_new_session": True})
         # cProfile sees the main thread: the event loop, where the served path's Python work runs
         run = ["-m", "cProfile", "-o", str(profile), "-m"] if profile else ["-m"]
-        self.proc = subprocess.Popen([sys.executable, *run, "strata.cli.main", command, *args], env=env,
+        # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH
+        self.proc = subprocess.Popen([sys.executable, *run, "strata.cli.main", command, *args], env=env, cwd=str(tree),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **flags)
         self.lines: list[str] = []
         self.ready = threading.Event()
@@ -286,24 +307,19 @@ class Child:
                 self.proc.wait(10)
 
 
-def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts, tokens: int, runs: int,
-           warmup: int, timeout: float, profile_dir: str = "") -> Served:
-    profile = Path(profile_dir) / f"{part}.prof" if profile_dir else None
+def start_server(tree: Path, part: str, engine_args: list[str], clients: int, profile_dir: str = "") -> Child:
+    profile = Path(profile_dir).resolve() / f"{part}.prof" if profile_dir else None
     if part == "http":
-        child = Child(tree, "engine", [*engine_args, "--port", "0", "--max-queued", str(4 * clients)], profile)
-    else:
-        cfg = {"parallel": clients, "max_queued": 4 * clients, "args": engine_args}
-        path = Path(tempfile.mkdtemp()) / "serve.json"
-        path.write_text(json.dumps(cfg))
-        child = Child(tree, "serve", ["--config", str(path), "--port", "0"], profile)
-    try:
-        port = child.wait_ready(timeout)
-        out = asyncio.run(drive(port, prompts[:clients], tokens, runs, warmup, child.proc.pid))
-    except (OSError, StreamFailed):
-        print(f"[{part}] the server's output:\n" + "\n".join(child.lines[-30:]), file=sys.stderr)
-        raise
-    finally:
-        child.stop()
+        return Child(tree, "engine", [*engine_args, "--port", "0", "--max-queued", str(4 * clients)], profile)
+    cfg = {"parallel": clients, "max_queued": 4 * clients, "args": engine_args}
+    path = Path(tempfile.mkdtemp()) / "serve.json"
+    path.write_text(json.dumps(cfg))
+    return Child(tree, "serve", ["--config", str(path), "--port", "0"], profile)
+
+
+def report(part: str, child: Child, out: Served, profile_dir: str = "") -> dict:
+    child.stop()
+    profile = Path(profile_dir).resolve() / f"{part}.prof" if profile_dir else None
     if profile is not None and profile.is_file():
         import pstats
         print(f"[{part}] where the server's event loop spent its time (cProfile, top 25 by own time):")
@@ -313,7 +329,54 @@ def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts,
           f"gap p50/p99 {row['gap_p50_ms']:.2f}/{row['gap_p99_ms']:.2f} ms, idle TTFT {row['idle_ttft_ms']:.1f} ms, "
           f"server CPU {row['server_cpu']:.2f} cores",
           flush=True)
-    return out
+    return row
+
+
+def served(tree: Path, part: str, engine_args: list[str], clients: int, prompts, tokens: int, runs: int,
+           warmup: int, timeout: float, profile_dir: str = "") -> dict:
+    """One served part alone: its server started, warmed, driven for `runs` rounds, stopped."""
+    child = start_server(tree, part, engine_args, clients, profile_dir)
+    try:
+        port = child.wait_ready(timeout)
+        out = asyncio.run(drive(port, prompts[:clients], tokens, runs, warmup, child.proc.pid))
+    except (OSError, StreamFailed):
+        print(f"[{part}] the server's output:\n" + "\n".join(child.lines[-30:]), file=sys.stderr)
+        child.stop()
+        raise
+    return report(part, child, out, profile_dir)
+
+
+def interleaved(eng: EngineAlone, servers: dict[str, Child], prompts, tokens: int, runs: int, warmup: int,
+                timeout: float) -> tuple[float, dict[str, Served]]:
+    """The engine alone at B = clients and every server, one round each in turn, `runs` times:
+    a slow patch of a shared machine falls on all of them alike. Returns the engine's tok/s
+    (median times of 1 + tokens minus 1 token) and each server's rounds."""
+    ports = {name: child.wait_ready(timeout) for name, child in servers.items()}
+    outs = {name: Served() for name in servers}
+
+    async def rounds() -> list[float]:
+        for name, port in ports.items():
+            for _ in range(warmup):
+                await one_round(port, prompts, tokens, None)
+        times = []
+        for _ in range(runs):
+            times.append(eng.timed(prompts, 1 + tokens))
+            for name, port in ports.items():
+                outs[name].rates.append(await one_round(port, prompts, tokens, outs[name], servers[name].proc.pid))
+        for name, port in ports.items():
+            await idle_ttft(port, prompts[0], outs[name])
+        return times
+
+    eng.timed(prompts, 1 + tokens)
+    t1 = statistics.median(eng.timed(prompts, 1) for _ in range(runs))
+    try:
+        times = asyncio.run(rounds())
+    except (OSError, StreamFailed):
+        for name, child in servers.items():
+            print(f"[{name}] the server's output:\n" + "\n".join(child.lines[-30:]), file=sys.stderr)
+            child.stop()
+        raise
+    return len(prompts) * tokens / max(statistics.median(times) - t1, 1e-9), outs
 
 
 # ---------------------------------------------------------------- main
@@ -332,6 +395,10 @@ def main() -> int:
     ap.add_argument("--extra", default="", help="more engine flags, for every part")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose strata runs (default: this one)")
     ap.add_argument("--label", default="", help="a name for this tree in the table")
+    ap.add_argument("--base", action="append", default=[], metavar="DIR",
+                    help="another checkout (a baseline) whose servers run in the same rounds; repeatable")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one part after another (each server alone on the device) instead of interleaved rounds")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a server may take to become ready")
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--profile", default="", metavar="DIR",
@@ -350,15 +417,36 @@ def main() -> int:
     vocab = vocab_of(tree, a.pack)
     prompts = [[rng.randrange(100, vocab - 100) for _ in range(PROMPT_LEN)] for _ in range(max(a.clients, *batches))]
 
-    engine = engine_alone(tree, engine_args, prompts, batches, a.tokens, a.runs) if "engine" in parts else {}
-    rows = {p: served(tree, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.warmup, a.timeout, a.profile).row()
-            for p in ("http", "serve") if p in parts}
-
     label = a.label or tree.name
+    trees = [(label, tree)] + [(Path(b).resolve().name, Path(b).resolve()) for b in a.base]
+    wanted = [(lab, t, p) for lab, t in trees for p in ("http", "serve") if p in parts]
+    together = "engine" in parts and wanted and not a.sequential
+    eng = EngineAlone(tree, engine_args) if "engine" in parts else None
+    servers = {f"{lab} {p}": start_server(t, p, engine_args, a.clients, a.profile) for lab, t, p in wanted} \
+        if together else {}
+    try:
+        for child in servers.values():  # loaded before the engine is timed: no start-up beside it
+            child.wait_ready(a.timeout)
+        engine = engine_alone(eng, prompts, [b for b in batches if not (together and b == a.clients)],
+                              a.tokens, a.runs) if eng else {}
+        if together:
+            engine[a.clients], outs = interleaved(eng, servers, prompts[:a.clients], a.tokens, a.runs, a.warmup,
+                                                  a.timeout)
+            print(f"[engine] B={a.clients}: {engine[a.clients]:.1f} tok/s (rounds between the servers')", flush=True)
+            rows = {name: report(name, servers[name], outs[name], a.profile) for name in servers}
+        if eng:
+            eng.close()
+        if not together:
+            rows = {f"{lab} {p}": served(t, p, engine_args, a.clients, prompts, a.tokens, a.runs, a.warmup, a.timeout,
+                                         a.profile) for lab, t, p in wanted}
+    finally:
+        for child in servers.values():
+            child.stop()
+
     ref = engine.get(a.clients)
     print()
     print(f"pack: {a.pack or 'test model'}  device: {a.device}  tree: {label}  {a.clients} clients x {a.tokens} tokens"
-          f"  runs: {a.runs} after {a.warmup} warm-up round(s)")
+          f"  runs: {a.runs} after {a.warmup} warm-up round(s)" + ("" if together else ", parts one after another"))
     if engine:
         print("engine alone: " + ", ".join(f"B={b} {engine[b]:.1f}" for b in batches)
               + f" tok/s; prefill of the {PROMPT_LEN}-token prompt + 1 token: {engine['prefill_ms']:.1f} ms")
@@ -367,9 +455,10 @@ def main() -> int:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     if ref:
         print(f"| {label} | engine alone | {ref:.1f} | 1.00 | | | | | {engine['prefill_ms']:.1f} |")
-    for part, r in rows.items():
+    for name, r in rows.items():
         ratio = f"{r['tok_s'] / ref:.2f}" if ref else ""
-        print(f"| {label} | {part} | {r['tok_s']:.1f} | {ratio} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
+        tree_label, part = name.rsplit(" ", 1)
+        print(f"| {tree_label} | {part} | {r['tok_s']:.1f} | {ratio} | {r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | "
               f"{r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | {r['idle_ttft_ms']:.1f} | {r['server_cpu']:.2f} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"label": label, "pack": a.pack, "device": a.device, "clients": a.clients,

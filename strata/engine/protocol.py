@@ -91,7 +91,8 @@ class FinishEvent:
 
 
 class EventQueue(queue.Queue):
-    """A queue.Queue that calls its listener (if any) after each put, on the putting thread."""
+    """A queue.Queue that calls its listener (if any) after each put, on the putting thread;
+    put_quietly() leaves that call to a later notify() (strata.batch.delivery)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,6 +100,12 @@ class EventQueue(queue.Queue):
 
     def put(self, item, block: bool = True, timeout: float | None = None) -> None:
         super().put(item, block, timeout)
+        self.notify()
+
+    def put_quietly(self, item) -> None:
+        super().put(item)
+
+    def notify(self) -> None:
         listener = self.listener
         if listener is not None:
             listener()
@@ -113,9 +120,10 @@ class RequestHandle:
         self._cancelled = threading.Event()
 
     def listen(self, listener: Callable[[], None] | None) -> None:
-        """Have `listener()` called on the core's thread after each event is put (None: stop).
-        It is called once at once when events are already waiting. It must be quick and must
-        not block: it runs inside the core's window."""
+        """Have `listener()` called on the core's thread after events are put (None: stop): at
+        once, or for a window's events once the next window's device work is issued (the
+        scheduler's strata.batch.delivery). It is called once at once when events are already
+        waiting. It must be quick and must not block: it runs on the core's thread."""
         self.events.listener = listener
         if listener is not None and not self.events.empty():
             listener()

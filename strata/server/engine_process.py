@@ -19,6 +19,7 @@ from typing import Callable
 from strata.engine.options import EngineOptions
 from strata.errors import EXIT_DEVICE_LOST, StrataError
 from strata.server.engine_launch import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
+from strata.server.gc_policy import settle_after_load
 
 ENGINE_DRAIN_S = 30.0
 # The exit code of a supervised engine whose port (picked by `strata serve`) was taken before it
@@ -143,6 +144,7 @@ class _Loading:
             core.start()
             self.core = core
             api.attach(core)
+            settle_after_load()  # (the collector stops walking what loading left: strata.server.gc_policy)
             log(f"strata engine: ready: model {api.model_name}, {core.parallel} slot(s), context {core.n_ctx}")
         except BaseException as e:  # noqa: BLE001
             api.failure = e.message if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"

@@ -2,16 +2,19 @@
 one process (tests) without clashing.
 
 Engine process (`strata engine`): request outcomes and token counts are counted by the API
-layer; slots, queue, MTP and batch-MTP counters are read from the engine core at scrape time.
+layer; slots, queue, MTP and batch-MTP counters are read from the engine core at scrape time,
+and the process's garbage collector (prometheus-client's python_gc_*, and what it froze).
 Server process (`strata serve`): its own `strata_server_*` metrics, followed by the engine's
 text (fetched from the engine) so one scrape sees both.
 """
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -67,6 +70,11 @@ class _CoreCollector:
             for slot, v in enumerate(_per_slot(m, key)):
                 fam.add_metric([str(slot)], v)
             yield fam
+        frozen = GaugeMetricFamily("strata_gc_frozen_objects",
+                                   "objects moved out of the garbage collector's sight after the load "
+                                   "(strata.server.gc_policy)")
+        frozen.add_metric([], float(gc.get_freeze_count()))
+        yield frozen
         fb = CounterMetricFamily("strata_batch_mtp_fallbacks", "batched MTP windows that fell back, by reason",
                                  labels=["reason"])
         for reason, v in sorted((m.get("batch_mtp_fallbacks") or {}).items()):
@@ -87,6 +95,7 @@ class EngineMetrics:
                                      "prompt tokens whose KV came from the prefix cache instead of a prefill",
                                      registry=self.registry)
         self.registry.register(_CoreCollector(core_getter))
+        GCCollector(registry=self.registry)  # python_gc_*: collections and what they found, by generation
 
     def finished(self, endpoint: str, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0,
                  cached_tokens: int = 0) -> None:
