@@ -136,7 +136,7 @@ def test_cli_inspect_split_and_missing_shard(tmp_path):
     shards = _split(tmp_path / "p", "M", [MAIN, PLE])
     run = lambda *a: subprocess.run([sys.executable, "-m", "strata.cli.main", "inspect", *a],
                                     cwd=REPO, capture_output=True, text=True, timeout=60)
-    ok = run(str(tmp_path / "p"), "--json")
+    ok = run(str(tmp_path / "p"), "--json", "--no-check")  # (a few tensors, no model: the listing alone)
     assert ok.returncode == 0, ok.stderr
     import json
     report = json.loads(ok.stdout)

@@ -539,11 +539,9 @@ class Scheduler:
                 hidden, logits, dids, dtop = forward_with_next_drafts(self.model, self.proposer.draft, tokens, spans,
                                                                       rows, draft_rows, draft_spans)
                 draft_out = (dids, dtop)
-            except Exception as e:  # the fused slots lose MTP; the window runs plain (its drafts stay)
+            except Exception as e:  # the window runs plain (its drafts stay); its fused slots stop fusing
                 back = [self._cut_back(sp.cache, sp.start) for sp in list(spans) + draft_spans]
-                for s in self.slots:
-                    if s.index in fuse_at:
-                        self._mtp_fail(s, "fused_draft", e)
+                self._stop_fusing([x.slot for x in entries if x.slot.index in fuse_at], e)
                 if not all(back):  # a state updated in place: the failed-window path ends its request
                     raise
                 fuse_at, draft_rows = {}, []
@@ -778,7 +776,7 @@ class Scheduler:
         if not all(is_greedy(s.handle.request.params) and not s.handle.request.params.logprobs and not s.adjusted
                    for s in busy):  # (the fused graph takes the rows' argmax before any adjustment)
             return []
-        return [s for s in decoding if self._mtp_allowed(s, len(busy))[0]]
+        return [s for s in decoding if not s.fused_failed and self._mtp_allowed(s, len(busy))[0]]
 
     @staticmethod
     def _fused_rows(entries: list[_Entry], fused: set[int]) -> tuple[dict[int, tuple[int, int]], list[int], list[Span]]:
@@ -791,8 +789,9 @@ class Scheduler:
         off = 0
         for e in entries:
             s = e.slot
-            if (e.kind == "decode" and s.index in fused and s.mtp_failed is None and s.draft_cache is not None
-                    and s.draft_cache.length == s.cache.length and not s.hidden_pending and not s.tokens_pending):
+            if (e.kind == "decode" and s.index in fused and s.mtp_failed is None and not s.fused_failed
+                    and s.draft_cache is not None and s.draft_cache.length == s.cache.length
+                    and not s.hidden_pending and not s.tokens_pending):
                 fuse_at[s.index] = (len(rows), s.draft_cache.length)
                 rows.extend(range(off, off + len(e.tokens)))
                 spans.append(Span(s.draft_cache, s.draft_cache.length, len(e.tokens)))
@@ -823,6 +822,20 @@ class Scheduler:
         s.draft_cache.truncate(start + keep)
         s.next_draft = (int(dids[first + keep - 1]), float(dtop[first + keep - 1]))
         s.fused_hidden = h[keep - 1 : keep]
+
+    def _stop_fusing(self, slots: list[Slot], e: Exception) -> None:
+        """A fused window failed (its caches went back to where it began): which slot's part
+        failed is not known, so none loses MTP. Each stops fusing for the rest of its request and
+        drafts through the proposer, one slot at a time where a batch fails (_proposals), so a
+        draft that keeps failing turns MTP off for its own slot alone (_mtp_fail). The draft
+        already holds the pending token's entry (the last window made it): the plain window's
+        hiddens are kept for the normal catch-up from there (_keep_hidden)."""
+        for s in slots:
+            s.fused_failed = True
+            s.next_draft = s.fused_hidden = None
+            self.fallbacks["fused_draft_failed"] += 1
+        self.log(f"strata batch: a fused window failed for slots {', '.join(str(s.index) for s in slots)} ({e}); "
+                 f"the window runs plain, these requests go on drafting without fusing")
 
     def _unfuse(self, s: Slot) -> None:
         """A slot whose draft is one entry ahead (the pending token's) goes back to catch-up:
@@ -901,10 +914,16 @@ class Scheduler:
         self.delivery.release()  # drafting waits on the device
         many = getattr(self.proposer, "propose_many", None)
         if many is not None and len(work) > 1:
+            # what a batch that fails part-way has consumed of each slot's catch-up goes back
+            caught_up = [(s.hidden_pending, s.tokens_pending, None if s.draft_cache is None else s.draft_cache.length)
+                         for s, _, _ in work]
             try:
                 return {s.index: r for (s, _, _), r in zip(work, many(work))}
-            except Exception:
-                pass  # find the failing slot below, one at a time
+            except Exception:  # find the failing slot below, one at a time, each from where it stood
+                for (s, _, _), (hidden, toks, length) in zip(work, caught_up):
+                    s.hidden_pending, s.tokens_pending = hidden, toks
+                    if length is not None:
+                        s.draft_cache.truncate(length)
         out = {}
         for s, k, params in work:
             try:

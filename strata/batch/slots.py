@@ -66,6 +66,7 @@ class Slot:
     # (what a normal catch-up needs if the next window does not fuse)
     next_draft: tuple[int, float] | None = None
     fused_hidden: Any = None
+    fused_failed: bool = False  # a fused window of this request failed: it drafts unfused until it ends
 
     @property
     def busy(self) -> bool:
@@ -99,6 +100,7 @@ class Slot:
         self.tokens_pending = []
         self.next_draft = None
         self.fused_hidden = None
+        self.fused_failed = False
         self.mtp_admitted = False
         self.cache.reset()
         if self.draft_cache is not None:

@@ -11,6 +11,7 @@ import time
 from strata.engine.options import EngineOptions, add_engine_arguments, bounded
 from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import EXIT_DEVICE_LOST
+from strata.text.tokenizer import refuse_lone_surrogates
 
 
 def _seed(value: str) -> int | None:
@@ -48,6 +49,9 @@ def run(args) -> int:
     from strata.errors import StrataError
 
     opts = EngineOptions.from_namespace(args)
+    for flag, text in (("--prompt", args.prompt), ("--system", args.system), *(("--stop", s) for s in args.stop)):
+        if text:
+            refuse_lone_surrogates(text, flag)  # (before the model loads: a typo costs no load)
     t0 = time.perf_counter()
     core = EngineCore.load(opts)
     t_load = time.perf_counter() - t0

@@ -1,9 +1,17 @@
-"""`strata inspect PACK [--json]`: a pack's tensors grouped by role and type, and its metadata."""
+"""`strata inspect PACK [--json]`: a pack's tensors grouped by role and type, its metadata, and
+whether the engine would load it.
+
+The check is the engine's own load check (Pack.model_config: the metadata key table and every
+tensor the architecture reads; then the tokenizer and the chat template as the engine builds
+them), run after the summary is printed: a pack the engine refuses
+still gets its listing, then the engine's one line (on stderr, `strata: ...`) and exit code 2.
+A file the GGUF reader cannot open at all gets that one line alone."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from strata.errors import StrataError
 from strata.pack.loader import open_pack
@@ -18,6 +26,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ple-gguf", action="append", default=[], help="extra shard joining the namespace")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--tensors", action="store_true", help="also list every tensor")
+    parser.add_argument("--no-check", action="store_true",
+                        help="list only, without the engine's load check (for a shard or a draft GGUF, "
+                             "no model by itself)")
+
+
+def _check(pack) -> tuple[str | None, StrataError | None]:
+    """(the check's ok line, None) when the engine would load the pack, else (None, its refusal)."""
+    from strata.text.chat_template import ChatTemplate
+    from strata.text.tokenizer import Tokenizer
+
+    try:
+        cfg = pack.model_config()  # what EngineCore.load runs before it builds a model,
+        Tokenizer.from_metadata(pack.metadata)  # in its order
+        ChatTemplate.from_metadata(pack.metadata)  # (a template that breaks its limits fails here)
+    except StrataError as e:
+        return None, e
+    return (f"check: ok (the engine would load it: {cfg.arch}, {cfg.n_layer} layers, "
+            f"{len(pack.tensors)} tensors, {pack.total_bytes / MIB:.1f} MiB)"), None
 
 
 def _report(pack) -> dict:
@@ -72,8 +98,20 @@ def run(args: argparse.Namespace) -> int:
         raise StrataError("strata inspect: name the pack to inspect: strata inspect DIR|FILE.gguf "
                           "(or --native FILE for a pack's main shard)")
     pack = open_pack(pack=args.pack, native=args.native, ple_gguf=args.ple_gguf or None)
-    if args.json:
-        print(json.dumps(_report(pack), indent=1))
-    else:
-        _print_text(pack, args.tensors)
+    try:
+        ok, refusal = (None, None) if args.no_check else _check(pack)
+        if args.json:
+            report = _report(pack)
+            report["check"] = (None if args.no_check else {"ok": True} if refusal is None
+                               else {"ok": False, "problem": refusal.message})
+            print(json.dumps(report, indent=1))
+        else:
+            _print_text(pack, args.tensors)
+            if ok is not None:
+                print(f"\n{ok}")
+    finally:
+        pack.close()
+    if refusal is not None:
+        sys.stdout.flush()  # the listing first, then the engine's line, in a log that takes both
+        raise refusal
     return 0

@@ -13,7 +13,7 @@ import sys
 from strata.defaults import default_model_path
 from strata.engine.options import add_pack_arguments
 from strata.pack.loader import open_pack
-from strata.text.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer, refuse_lone_surrogates
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,7 @@ def load_tokenizer(pack: str | None, native: str | None, ple_gguf) -> Tokenizer:
 
 def run(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
+    refuse_lone_surrogates(text, "standard input" if args.text == "-" else "the text to tokenize")
     tokenizer = load_tokenizer(args.pack, args.native, args.ple_gguf)
     ids = tokenizer.encode(text, add_special=args.add_special, parse_special=not args.no_special)
     print(json.dumps({"ids": ids}) if args.json else " ".join(map(str, ids)))

@@ -186,6 +186,7 @@ class EngineCore:
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
         _check_room(backend, pack.tensors.values(), f"pack {label}")
+        src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         with _load_errors(backend, f"pack {label}"):
             self.model = build_model(backend, cfg, get,
@@ -195,7 +196,6 @@ class EngineCore:
         self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
 
         draft = None
-        src = plan.find_draft(pack)
         if opts.spec > 0 and src is None:
             log("strata mtp: --spec given but no draft (no --mtp, no nextn tensors in the pack, and no shipped "
                 "draft made for it); MTP is off")

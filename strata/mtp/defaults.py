@@ -105,14 +105,12 @@ class MtpPlan:
     shipped: Path | None  # the shipped draft made for this pack, if any
 
     def find_draft(self, pack: Any):
-        """The DraftSource to use (strata.mtp.draft.find_draft), labelled as the shipped draft when
-        it is one (not as an --mtp the user never gave)."""
+        """The DraftSource to use (strata.mtp.draft.find_draft), labelled (its messages too) as the
+        shipped draft when it is one (not as an --mtp the user never gave)."""
         from strata.mtp.draft import find_draft
 
-        src = find_draft(self.mtp, pack)
-        if src is not None and self.shipped is not None and self.opts.mtp is None:
-            src.label = f"shipped draft {self.shipped.name}"
-        return src
+        shipped = self.shipped is not None and self.opts.mtp is None
+        return find_draft(self.mtp, pack, f"shipped draft {self.shipped.name}" if shipped else None)
 
     def note(self, backend: str) -> str | None:
         """The start-up line that says MTP is on by default, or None."""

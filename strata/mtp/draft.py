@@ -74,23 +74,30 @@ class DraftSource:
         return sum(int(t.nbytes) for t in self.tensors.values())
 
 
-def find_draft(mtp: str | None, pack) -> DraftSource | None:
-    """The draft named by --mtp (file or dir), else nextn tensors inside the pack, else None."""
+def find_draft(mtp: str | None, pack, label: str | None = None) -> DraftSource | None:
+    """The draft named by --mtp (file or dir), else nextn tensors inside the pack, else None.
+
+    A draft file's metadata is checked once, here, against its key table
+    (strata.pack.draft_rules: types, ranges, and its target's architecture and width).
+    label: how messages name the file (default "--mtp FILE")."""
     if mtp:
+        from strata.pack.draft_rules import checked_draft_values
         from strata.pack.loader import open_pack, user_path
 
+        label = label or f"--mtp {mtp}"
         p = user_path(mtp)
         if not p.exists():
-            raise StrataError(f"--mtp {mtp}: no such file or directory")
+            raise StrataError(f"{label}: no such file or directory")
         dp = open_pack(pack=str(p))
-        nextn = _nextn_source(dp.tensors, f"--mtp {mtp} (nextn layer {{n}})")
+        checked_draft_values(f"{label}: ", dp.metadata, dp.metadata_types, pack)
+        nextn = _nextn_source(dp.tensors, f"{label} (nextn layer {{n}})")
         if nextn is not None:  # an MTP-only GGUF, as llama.cpp's converter writes it
             return nextn
         tensors = {k: v for k, v in dp.tensors.items() if k.startswith("mtp.")}
         if "mtp.eh_proj.weight" not in tensors:
-            raise StrataError(f"--mtp {mtp}: no MTP draft tensors (neither mtp.eh_proj.weight "
+            raise StrataError(f"{label}: no MTP draft tensors (neither mtp.eh_proj.weight "
                               f"nor blk.N.nextn.eh_proj.weight)")
-        return DraftSource(tensors, dict(_FILE_NAMES), "mtp.blk.", f"--mtp {mtp}")
+        return DraftSource(tensors, dict(_FILE_NAMES), "mtp.blk.", label)
     return _nextn_source(pack.tensors, "nextn layer {n} of the pack")
 
 

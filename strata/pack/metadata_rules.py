@@ -7,6 +7,9 @@ is valid alone. `checked_values` walks both tables in one loop each and returns 
 one line naming the pack and the key:
 
     pack P: metadata key qwen3.attention.head_count: must be >= 1, found 0
+
+`checked_table` is that loop for any table of Keys and Relations: an MTP draft file's is in
+strata/pack/draft_rules.py.
 """
 
 from __future__ import annotations
@@ -128,12 +131,15 @@ def _four_sections(values) -> str | None:
     return None if len(values) == 4 and all(int(x) >= 0 for x in values) else \
         f"must be 4 non-negative integers, found {len(values)} value(s)"
 
+# the reader checks it too: it needs the alignment to find the tensor data
+ALIGNMENT = Key(ALIGNMENT_KEY, Kind.COUNT, range=Range(8, MAX_ALIGNMENT), default=32, check=_power_of_two)
+NAME = Key("general.name", Kind.TEXT)  # (an MTP draft's table has these two as well)
+
 # Every key the model and tokenizer read; order matters only for defaults that use earlier keys.
 KEYS: tuple[Key, ...] = (
     Key("general.architecture", Kind.TEXT, required=True),
-    # the reader checks it too: it needs the alignment to find the tensor data
-    Key(ALIGNMENT_KEY, Kind.COUNT, range=Range(8, MAX_ALIGNMENT), default=32, check=_power_of_two),
-    Key("general.name", Kind.TEXT),
+    ALIGNMENT,
+    NAME,
     Key("embedding_length", Kind.COUNT, required=True, range=AT_LEAST_1),
     Key("block_count", Kind.COUNT, required=True, range=AT_LEAST_1),
     Key("nextn_predict_layers", Kind.COUNT, range=AT_LEAST_0, default=0),
@@ -262,14 +268,24 @@ def checked_values(label: str, md: Mapping[str, Any], types: Mapping[str, Any] |
                    arch: str | None = None) -> dict[str, Any]:
     """Check the pack's metadata against KEYS and RELATIONS; returns {key name as in KEYS: value}
     with defaults filled in, for every key the architecture reads. arch: defaults to the pack's."""
+    return checked_table(f"pack {label}: " if label else "", md, types, arch, KEYS, RELATIONS)
+
+
+def checked_table(where: str, md: Mapping[str, Any], types: Mapping[str, Any] | None, arch: str | None,
+                  keys: tuple[Key, ...], relations: tuple[Relation, ...],
+                  given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Check metadata against a table of keys and relations (the pack's: KEYS and RELATIONS; an
+    MTP draft's: strata.pack.draft_rules); the first violation is one line, `where` (e.g.
+    "pack P: ") in front. given: values from elsewhere that relations may need (e.g. the
+    target's, for a draft), under names no key has; they are not in what is returned."""
     types = types or {}
 
     def fail(name: str, what: str) -> StrataError:
-        return StrataError(f"{'pack ' + label + ': ' if label else ''}metadata key {shown(name)}: {what}")
+        return StrataError(f"{where}metadata key {shown(name)}: {what}")
 
     arch = arch or md.get("general.architecture")
     values: dict[str, Any] = {}
-    for key in KEYS:
+    for key in keys:
         if arch not in key.archs and not key.name.startswith(("general.", "tokenizer.")):
             continue
         name = key.full_name(arch)
@@ -296,10 +312,11 @@ def checked_values(label: str, md: Mapping[str, Any], types: Mapping[str, Any] |
         if problem:
             raise fail(name, problem)
         values[key.name] = value
-    for rel in RELATIONS:
-        if all(n in values for n in rel.needs) and not rel.holds(values):
-            key = next(k for k in KEYS if k.name == rel.key)
-            found = values[rel.key]
+    known = {**(given or {}), **values}
+    for rel in relations:
+        if all(n in known for n in rel.needs) and not rel.holds(known):
+            key = next(k for k in keys if k.name == rel.key)
+            found = known[rel.key]
             found = len(found) if isinstance(found, (list, np.ndarray)) else found
-            raise fail(key.full_name(arch), f"{rel.must(values)}, found {shown(found)}")
+            raise fail(key.full_name(arch), f"{rel.must(known)}, found {shown(found)}")
     return values

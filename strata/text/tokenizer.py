@@ -59,6 +59,19 @@ EOG_TEXTS = frozenset({
 })
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# a lone UTF-16 surrogate: what Python makes of bytes that are not UTF-8 in argv, in a file read
+# with errors="surrogateescape", or of a JSON "\ud800" escape; no tokenizer can take one
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_lone_surrogates(text: str, what: str) -> None:
+    """One line naming `what` and where, when the text holds a lone surrogate (not Unicode)."""
+    m = _SURROGATE.search(text)
+    if m is not None:
+        code = ord(m.group())
+        raw = f" (the byte 0x{code - 0xDC00:02X} is not UTF-8)" if 0xDC80 <= code <= 0xDCFF else ""
+        raise StrataError(f"{what}: character {m.start()} is a lone UTF-16 surrogate U+{code:04X}, "
+                          f"not valid Unicode{raw}")
 
 
 @dataclass(frozen=True)
@@ -338,6 +351,7 @@ class Tokenizer:
         control tokens written in the text (e.g. '<|im_start|>'); off, they are plain text."""
         if not isinstance(text, str):
             raise StrataError(f"text to tokenize must be a string, not {type(text).__name__}")
+        refuse_lone_surrogates(text, "text to tokenize")
         hf = self._hf if parse_special else self._plain()
         # encode_batch, not encode: it releases the GIL while it works (encode holds it, ~1.5 s
         # per MB), so a big prompt tokenized on a server thread does not stop its event loop
