@@ -22,6 +22,7 @@ from strata.gguf.reader import GGUFFile
 from strata.gguf.writer import GGUFWriter
 from strata.mtp.defaults import default_draft_path
 from support.server_proc import ROOT
+from tests.support.model_fixtures import default_model_or_skip
 
 E = 256  # the tiny llama's width (strata.pack.presets.TINY)
 EMB, TARGET_ARCH, FP = "strata-mtp.embedding_length", "strata-mtp.target_architecture", "strata-mtp.target_fingerprint"
@@ -157,7 +158,6 @@ def test_a_bad_draft_key_is_one_line_naming_the_file_and_the_key(runs, name, key
 def test_good_drafts_pass_the_table_and_still_load(pack, runs):
     """The synthetic draft and its nextn copy draft through the CLI; the table's values for them
     and for the shipped draft (for its model)."""
-    from strata.defaults import default_model_path
     from strata.errors import StrataError
     from strata.pack.draft_rules import checked_draft_values
     from strata.pack.loader import open_pack
@@ -178,12 +178,8 @@ def test_good_drafts_pass_the_table_and_still_load(pack, runs):
         assert checked_draft_values("--mtp n: ", f.metadata, f.metadata_types, target)[
             "embedding_length"] == E
     shipped = default_draft_path()
-    if shipped is None:
-        pytest.skip("this build ships no draft")
-    try:
-        smollm = open_pack(pack=str(default_model_path()))
-    except StrataError as e:
-        pytest.skip(f"the test model is absent: {e}")
+    assert shipped is not None  # (strata/mtp/data ships one)
+    smollm = open_pack(pack=str(default_model_or_skip()))
     with GGUFFile(shipped) as f:
         v = checked_draft_values("shipped: ", f.metadata, f.metadata_types, smollm)
     assert v["embedding_length"] == 576 and v["target_fingerprint"].startswith("sha256:")

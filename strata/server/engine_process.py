@@ -141,10 +141,11 @@ class _Loading:
         api = self._api
         try:
             core.scheduler.on_fatal = lambda why: _exit_soon(log, why)
+            # before the scheduler starts: the one full collection then pauses no window
+            settle_after_load()  # (the collector stops walking what loading left: strata.server.gc_policy)
             core.start()
             self.core = core
             api.attach(core)
-            settle_after_load()  # (the collector stops walking what loading left: strata.server.gc_policy)
             log(f"strata engine: ready: model {api.model_name}, {core.parallel} slot(s), context {core.n_ctx}")
         except BaseException as e:  # noqa: BLE001
             api.failure = e.message if isinstance(e, StrataError) else f"{type(e).__name__}: {e}"

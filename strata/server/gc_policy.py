@@ -5,8 +5,8 @@ the web app) lives as long as the process, yet CPython's cyclic collector walks 
 every full collection: on the H200 with a SmolLM2-shaped pack those took 56-64 ms, inside a
 window, while every stream waited. gc.freeze() moves what is alive now out of the collector's
 sight (it is still freed by reference counting; only cycles among it would stay), so later
-collections look at what the requests make. A served engine does this once, after its load;
-an in-process engine (tests, benchmarks, the CLI) keeps the interpreter's default.
+collections look at what the requests make. A served engine does this once, after its load and before its
+scheduler starts (the one full collection pauses no window); an in-process engine (tests, benchmarks, the CLI) keeps the interpreter's default.
 """
 
 from __future__ import annotations
