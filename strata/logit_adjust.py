@@ -83,6 +83,26 @@ def row_adjust(params: SamplingParams, history: Sequence[int], n_generated: int,
     return adj
 
 
+def banned_now(params: SamplingParams, n_generated: int, end_ids: Sequence[int]) -> set[int]:
+    """The ids row_adjust sets to -inf in a row after n_generated output tokens: the request's
+    `false` biases, and the end ids while min_tokens holds them back."""
+    banned = {t for t, b in params.logit_bias.items() if b == BANNED}
+    if n_generated < params.min_tokens:
+        banned.update(int(t) for t in end_ids)
+    return banned
+
+
+def bans_everything(logit_bias: dict[int, float], vocab: int) -> str | None:
+    """Why a request can generate nothing at all: its logit_bias bans every id of the vocabulary
+    (a row of -inf has no token to sample, and the sampler's fallback would emit a banned one).
+    None when some id remains."""
+    if vocab <= 0 or len(logit_bias) < vocab:
+        return None
+    if sum(1 for t, b in logit_bias.items() if b == BANNED and 0 <= t < vocab) < vocab:
+        return None
+    return f"logit_bias: bans all {vocab} tokens of the vocabulary; nothing could be generated"
+
+
 def apply_rows(xp: Any, logits: Any, rows: Sequence[RowAdjust | None]) -> None:
     """Adjust logits (n, V) in place, row i by rows[i] (None: unchanged). Token ids past the
     row's width are ignored (a bias on a token the head does not have changes nothing)."""

@@ -111,3 +111,58 @@ def test_hybrid_models_say_reuse_is_off(tmp_path_factory):
     assert any("prompt reuse is off for this model" in ln for ln in lines)
     p = core.tokenizer.encode("hello world " * 80)
     assert [_run(core, p)[2].cached_tokens for _ in range(2)] == [0, 0]
+
+
+# ---------------------------------------------------------------- what the bound counts
+
+def _filled_cache(tokens: int, seed: int):
+    """A real KV cache (2 layers, f16) holding `tokens` positions of distinct values."""
+    import numpy as np
+
+    from strata.model.kv_cache import KVCache
+    cache = KVCache(np, n_layer=2, n_kv=1, head_dim=8, max_ctx=1024)
+    rng = np.random.default_rng(seed)
+    cache.load(0, [[rng.standard_normal((1, tokens, 8)).astype(np.float16) for _ in range(4)]])
+    return cache
+
+
+def _held_bytes(pc) -> int:
+    """The bytes that the kept blocks really hold: every array they view, counted once."""
+    held = {}
+    for blk in pc.blocks.values():
+        for a in list(blk.main) + list(blk.draft or []) + ([blk.last_hidden] if blk.last_hidden is not None else []):
+            owner = a if a.base is None else a.base
+            held[id(owner)] = owner.nbytes
+    return sum(held.values())
+
+
+def test_kept_roots_do_not_pin_their_runs_past_the_budget():
+    """Long prompts stored whole (one copy per run), each one's first block then kept alive by
+    cheap requests that share only it: eviction takes the leaves, and the bytes still held
+    (each run's copy, while any of its blocks is viewed) stay within the budget."""
+    import numpy as np
+
+    from strata.batch.prefix_cache import BLOCK, PrefixCache
+    n_blocks = 10
+    block_bytes = 4 * BLOCK * 8 * 2  # k and v of 2 layers, 1 head of 8, f16
+    pc = PrefixCache(budget_bytes=12 * block_bytes)
+    prompts = []
+    for r in range(8):
+        prompt = [1000 * (r + 1) + i for i in range(n_blocks * BLOCK + 1)]
+        src = _filled_cache(len(prompt), seed=r)
+        prompts.append((prompt, src))
+        pc.store(prompt, src, None)
+        for earlier, _ in prompts:  # the cheap requests: one block each, the roots stay the most recent
+            pc.load(earlier[: BLOCK + 1], _filled_cache(1, seed=99), None, BLOCK)
+        held = _held_bytes(pc)
+        assert held <= pc.budget, (r, held, pc.budget)
+        assert pc.stats()["bytes"] == held  # what the bound counts is what is held
+    # the blocks that survived (moved into copies of their own or not) give back their positions
+    kept = 0
+    for prompt, src in prompts:
+        dst = _filled_cache(1, seed=99)
+        m = pc.load(prompt, dst, None, len(prompt) - 1)[0]
+        kept += m > 0
+        for got, want in zip(dst.export(0, m), src.export(0, m)):
+            np.testing.assert_array_equal(got, want)
+    assert kept >= 2  # roots of earlier prompts, beside the last one

@@ -3,6 +3,8 @@
 One engine thread runs windows back to back. A window is one forward of the main model over
 the new tokens of every busy slot: a prefill chunk, one token, or (with MTP) the last token
 plus that slot's drafts. See docs/BATCHING.md for the rules; in short:
+- every decoding slot adds its token(s) to every window; the --prefill budget is shared among
+  the prompts not yet done (strata/batch/budget.py), so a short one is not held behind a long one;
 - without --batch-mtp, MTP runs only while a single slot is busy;
 - with --batch-mtp, each slot whose probe entry allows it verifies its own proposal inside
   the shared window (ragged spans); the others add one token;
@@ -32,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from strata.batch.budget import PrefillSharing
 from strata.batch.delivery import Delivery
 from strata.batch.faults import FaultInjector
 from strata.batch.output import TextOutput
@@ -39,7 +42,7 @@ from strata.batch.prefix_cache import BLOCK, PrefixCache
 from strata.batch.prefix_cache import supports as prefix_supports
 from strata.batch.slots import Slot
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
-from strata.logit_adjust import apply_rows, has_adjustments, penalty_tail, row_adjust
+from strata.logit_adjust import apply_rows, banned_now, has_adjustments, penalty_tail, row_adjust
 from strata.model.recurrent_state import StateLost
 from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
@@ -134,6 +137,7 @@ class Scheduler:
         self.step_since: float | None = None
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.windows = 0
+        self.prefill = PrefillSharing()  # how each window's prefill budget is shared (strata/batch/budget.py)
         self.finished = collections.Counter()
         reusable = all(prefix_supports(sl.cache) for sl in self.slots)
         self.prefix = PrefixCache(cfg.prefix_cache_bytes if reusable else 0)
@@ -379,11 +383,12 @@ class Scheduler:
         prompt token is left to prefill: its logits give the first output token)."""
         draft = self._draft_cache(s)
         limit = len(s.prompt) - 1
-        if draft is not None and self.prefix.match(s.prompt, limit, False) > self.prefix.match(s.prompt, limit, True):
+        salt = s.handle.request.cache_salt  # the request's reuse scope
+        if draft is not None and self.prefix.match(s.prompt, limit, False, salt) > self.prefix.match(s.prompt, limit, True, salt):
             # more of the prompt was computed than its draft KV (a neighbour still decoding has
             # not let its draft catch up): the reuse wins, this request runs without MTP
             s.mtp_admitted, draft = False, None
-        m, hidden = self.prefix.load(s.prompt, s.cache, draft, limit)
+        m, hidden = self.prefix.load(s.prompt, s.cache, draft, limit, salt)
         if m == 0:
             return
         s.n_prefilled = s.cached = m
@@ -397,7 +402,7 @@ class Scheduler:
         # not in the cache yet, or a rejected draft's is there)
         tokens = s.history if s.n_generated == 0 else s.history[:-1]
         try:
-            self.prefix.store(tokens, s.cache, self._draft_cache(s), s.block_hidden)
+            self.prefix.store(tokens, s.cache, self._draft_cache(s), s.block_hidden, s.handle.request.cache_salt)
         except Exception as e:  # noqa: BLE001 - reuse is an optimisation: the request is not hurt
             if self.model.b.is_fatal(e):
                 raise
@@ -478,15 +483,15 @@ class Scheduler:
             drafts, q = proposals.get(s.index, ([], []))
             drafts, q, cut_q = self._grammar_cut(s, drafts, q)
             entries.append(_Entry(s, [s.pending] + drafts, "decode", drafts, q, cut_q))
-        budget = self.cfg.prefill_chunk
+        shares = self.prefill.shares([(s.index, len(s.prompt) - s.n_prefilled) for s in busy if s.prefilling],
+                                     self.cfg.prefill_chunk)
         for s in busy:
-            if not s.prefilling or budget <= 0:
+            n = shares.get(s.index, 0)
+            if n == 0:
                 continue
-            n = min(budget, len(s.prompt) - s.n_prefilled)
             toks = s.prompt[s.n_prefilled : s.n_prefilled + n]
             last = s.n_prefilled + n == len(s.prompt)
             entries.append(_Entry(s, toks, "prefill", wants_logits=last and s.embed_sum is None))
-            budget -= n
         return self._with_room([e for e in entries if e.slot.busy]), fused
 
     @staticmethod
@@ -933,17 +938,27 @@ class Scheduler:
         return out
 
     # ---- output ---------------------------------------------------------------------------------
+    def _end_by_grammar(self, s: Slot, tok: int, params) -> bool:
+        """End a request whose grammar refused its token, with why (strata.grammar.matcher's refusal)."""
+        end_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else sorted(self.eog))
+        error, code = s.matcher.refusal(tok, banned_now(params, s.n_generated - 1, end_ids))
+        self._finish(s, "error", code=code, error=error)
+        return False
+
     def _emit(self, s: Slot, tok: int, logits_row: np.ndarray) -> bool:
         params = s.handle.request.params
         s.n_generated += 1
-        if (tok in self.eog and not params.ignore_eos) or tok in params.stop_token_ids:
+        ends = (tok in self.eog and not params.ignore_eos) or tok in params.stop_token_ids
+        # a library limit met computing the mask, or an end the mask did not allow (sampled from a row
+        # where the grammar and the request's bans left nothing): the request ends with why
+        if s.matcher is not None and (s.matcher.error is not None or (ends and not s.matcher.allows(tok))):
+            return self._end_by_grammar(s, tok, params)
+        if ends:
             self._finish(s, "stop")
             return False
         s.history.append(tok)
-        if s.matcher is not None and not s.matcher.accept(tok):  # (the mask allows only what it accepts)
-            self._finish(s, "error", code="internal_error",
-                         error=f"internal error: the grammar refused token {tok}, which its mask allowed")
-            return False
+        if s.matcher is not None and not s.matcher.accept(tok):  # a library limit, or every allowed token banned
+            return self._end_by_grammar(s, tok, params)
         lp, top = None, None
         if params.logprobs:
             ls = log_softmax(logits_row)

@@ -33,11 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(pack) -> tuple[str | None, StrataError | None]:
     """(the check's ok line, None) when the engine would load the pack, else (None, its refusal)."""
+    from strata.pack.weight_check import check_weights
     from strata.text.chat_template import ChatTemplate
     from strata.text.tokenizer import Tokenizer
 
     try:
         cfg = pack.model_config()  # what EngineCore.load runs before it builds a model,
+        check_weights(pack)  # (NaN / Inf in weights: sampled, strata/pack/weight_check.py)
         Tokenizer.from_metadata(pack.metadata)  # in its order
         ChatTemplate.from_metadata(pack.metadata)  # (a template that breaks its limits fails here)
     except StrataError as e:

@@ -61,6 +61,9 @@ class GenerationRequest:
     # an embedding request: the prompt is prefilled, nothing is generated, and the FinishEvent
     # carries the mean of the prompt's final-normed hidden states, L2-normalised
     embed: bool = False
+    # the prefix cache's scope: prompt KV is reused only between requests with the same salt
+    # (strata/batch/prefix_cache.py); "" is the scope of every request that sends none
+    cache_salt: str = ""
 
 
 @dataclass

@@ -157,6 +157,11 @@ class GGUFWriter:
         out += bytes(align_up(len(out), self.alignment) - len(out))
         return bytes(out), offsets
 
+    def file_size(self) -> int:
+        """The bytes write() puts on disk (the header is built to count them)."""
+        header, _ = self._header()
+        return len(header) + sum(align_up(t.nbytes, self.alignment) for t in self.tensors.values())
+
     def write(self) -> Path:
         header, _ = self._header()
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,16 @@ Two library behaviours the Matcher hides:
   count it as a consumed token; the Matcher records it in its own history so that
   `rollback(n)` always undoes exactly the last n tokens `accept` took.
 A matcher that hits one of the library's resource limits mid-output (its error state) allows
-only the stop tokens, so the request ends instead of sampling from an empty mask; `error`
-says why.
+only the stop tokens, so nothing is sampled from an empty mask, and the engine ends the
+request with `refusal`'s error (not a "stop": the output is not what the grammar asked for).
+
+The library computes its limits lazily: a mask may allow a token whose consumption then
+exceeds one (a pattern `a{1000000}`, an object of thousands of optional properties, a
+property name of a million characters). CompiledGrammar therefore walks the first
+PROBE_STEPS tokens of the grammar at compile time, trying PROBE_TOKENS of the allowed tokens
+at each step, so that such a grammar is refused with the request (400) in the common case; a
+limit met later ends its request alone (`refusal`: one line and a code the server answers
+with 400), as does a step where the request's logit_bias bans every token the grammar allows.
 """
 
 from __future__ import annotations
@@ -31,6 +39,12 @@ import numpy as np
 
 from strata.grammar.errors import GrammarError, one_line
 from strata.grammar.vocab import GrammarVocab
+
+PROBE_STEPS = 8  # tokens walked at compile time (a few ms on a json_object grammar)
+PROBE_TOKENS = 16  # allowed tokens tried at each of them
+# FinishEvent codes of a constrained request that cannot go on (the server answers 400)
+LIMIT_CODE = "grammar_limit"
+DEAD_END_CODE = "grammar_dead_end"
 
 
 class Matcher:
@@ -108,6 +122,31 @@ class Matcher:
     def accepted(self) -> int:
         return len(self._history)
 
+    def allows(self, token: int) -> bool:
+        """Whether the mask allows token now (a mask computation: for the rare checks, not per row)."""
+        token = int(token)
+        if not 0 <= token < self._allowed_ids:
+            return False
+        mask = np.zeros(self.vocab_words, np.uint32)
+        self.fill_mask(mask)
+        return bool(mask[token // 32] >> np.uint32(token % 32) & np.uint32(1))
+
+    def refusal(self, token: int, banned: set[int]) -> tuple[str, str]:
+        """(message, code) for a token `accept` refused although the engine sampled from this
+        matcher's mask: the library hit a limit consuming it (LIMIT_CODE), or no token was left
+        to sample because `banned` (the request's -inf biases) holds every one the grammar
+        allows (DEAD_END_CODE); else the engine broke its own rule (internal_error)."""
+        if self._m.is_error():
+            return (f"the grammar library gave up at output token {len(self._history) + 1}: {self.error}; "
+                    f"make the grammar smaller", LIMIT_CODE)
+        mask = np.zeros(self.vocab_words, np.uint32)
+        self.fill_mask(mask)
+        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: self._n_vocab])
+        if allowed.size and all(int(t) in banned for t in allowed):
+            return (f"logit_bias: bans every token the grammar allows at output token {len(self._history) + 1}; "
+                    f"nothing can be generated", DEAD_END_CODE)
+        return f"internal error: the grammar refused token {token}, which its mask allowed", "internal_error"
+
 
 class CompiledGrammar:
     """A grammar ready for one tokenizer and logit width; `matcher()` per request."""
@@ -125,6 +164,7 @@ class CompiledGrammar:
             raise GrammarError(f"{kind}: {one_line(start.get_error())}")
         if not mask.any():
             raise GrammarError(f"{kind}: the grammar accepts no output")
+        _probe(kind, start, mask)
         self._start = start
         self._lock = threading.Lock()
 
@@ -133,6 +173,25 @@ class CompiledGrammar:
         with self._lock:
             copy = self._start.deep_copy()
         return Matcher(copy, self._vocab, self.n_vocab)
+
+
+def _probe(kind: str, start, first_mask: np.ndarray) -> None:
+    """Walk the grammar's first tokens on a copy (the lowest allowed id each step, after trying
+    PROBE_TOKENS of them): a library limit met there is a GrammarError now, not a failure
+    after the request was admitted. A walk that reaches the grammar's end stops early."""
+    m = start.deep_copy()
+    mask = first_mask.copy()
+    for _ in range(PROBE_STEPS):
+        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+        for t in allowed[:PROBE_TOKENS]:
+            trial = m.deep_copy()
+            if trial.try_consume_tokens([int(t)]) != 1 and trial.is_error():
+                raise GrammarError(f"{kind}: exceeds a limit of the grammar library: {one_line(trial.get_error())}")
+        if not allowed.size or m.is_stopped() or m.try_consume_tokens([int(allowed[0])]) != 1:
+            return
+        m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        if m.is_error():
+            raise GrammarError(f"{kind}: exceeds a limit of the grammar library: {one_line(m.get_error())}")
 
 
 def _bits(ids: list[int], words: int) -> np.ndarray:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 
 import zlib
+from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import numpy as np
 from strata.errors import StrataError
 from strata.gguf.constants import SPLIT_COUNT_KEY, SPLIT_NO_KEY, SPLIT_TENSORS_COUNT_KEY, ValueType as V
 from strata.gguf.reader import GGUFFile
+from strata.gguf.out_path import check_room, out_dir as writable_dir
 from strata.gguf.writer import GGUFWriter
 from strata.kernels.ggml_types import BY_NAME, GGMLType
 from strata.pack.loader import shard_name
@@ -27,6 +30,10 @@ from strata.pack.presets import QK_NORM_ARCHS, QKV_BIAS_ARCHS, SUPPORTED_ARCHS, 
 DEFAULT_TYPE = "Q8_0"  # for roles a plan leaves out: its 32-weight block fits every row here
 CHUNK_BYTES = 32 << 20  # generate big tensors in pieces so memory stays flat
 MTP_ARCH = "strata-mtp"
+U32_MAX = 2**32 - 1
+# SynthSpec fields whose flag is not "--" + the field's name
+FIELD_FLAGS = {"n_layer": "--layers", "n_head": "--heads", "n_head_kv": "--kv-heads"}
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a pack with more is no model anything loads
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,7 @@ class TensorPlan:
 
     @property
     def nbytes(self) -> int:
-        return self.gtype.nbytes(int(np.prod(self.ne)))
+        return self.gtype.nbytes(prod(self.ne))  # a Python int: no int64 wrap for absurd shapes
 
 
 # ----------------------------------------------------------------------------- planning
@@ -130,6 +137,13 @@ def check_spec(spec: SynthSpec, plans: list[TensorPlan]) -> None:
                         ("--kv-heads", spec.n_head_kv), ("--head-dim", spec.head_dim), ("--vocab", spec.vocab)):
         if value <= 0:
             raise StrataError(f"{flag} {value}: must be > 0")
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if f.type in ("int", int) and not 0 <= value <= U32_MAX:  # every size is a uint32 in the metadata
+            flag = FIELD_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+            raise StrataError(f"{flag} {value}: must be in 0..{U32_MAX} (GGUF stores it as a uint32)")
+    if spec.n_layer > MAX_LAYERS:
+        raise StrataError(f"--layers {spec.n_layer}: at most {MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS)")
     if spec.n_head % spec.n_head_kv:
         raise StrataError(f"--heads {spec.n_head} is not a multiple of --kv-heads {spec.n_head_kv}")
     if spec.is_moe and not 0 < spec.n_expert_used <= spec.n_expert:
@@ -294,20 +308,49 @@ def split_evenly(plans: list[TensorPlan], n: int) -> list[list[TensorPlan]]:
     return groups
 
 
-def _write_file(path: Path, meta, plans: list[TensorPlan], seed: int, progress) -> Path:
+@dataclass
+class _PendingFile:
+    flag: str  # the flag that chose its folder: --out or --mtp
+    writer: GGUFWriter
+    plans: list[TensorPlan]
+    nbytes: int  # the file's size on disk
+
+
+def _pending(flag: str, path: Path, meta, plans: list[TensorPlan], seed: int) -> _PendingFile:
     w = GGUFWriter(path)
     for key, value, vtype in meta:
         w.add_metadata(key, value, vtype)
     for p in plans:
         w.add_tensor(p.name, p.gtype.id, p.ne, tensor_data(p, seed))
-    w.write()
-    size = sum(p.nbytes for p in plans)
-    progress(f"wrote {path} ({len(plans)} tensors, {size / 2**20:.1f} MiB)")
+    return _PendingFile(flag, w, plans, w.file_size())
+
+
+def _check_room(files: list[_PendingFile]) -> None:
+    """All the files of one disk must fit in its free space, less what they replace."""
+    need: dict[int, int] = defaultdict(int)
+    where: dict[int, tuple[str, Path]] = {}
+    for f in files:
+        folder = f.writer.path.parent
+        dev = os.stat(folder).st_dev
+        old = f.writer.path.stat().st_size if f.writer.path.is_file() else 0
+        need[dev] += f.nbytes - old
+        where.setdefault(dev, (f.flag, folder))
+    for dev, nbytes in need.items():
+        check_room(*where[dev], nbytes)
+
+
+def _write_file(f: _PendingFile, progress) -> Path:
+    path = f.writer.path
+    try:
+        f.writer.write()
+    except OSError as e:
+        raise StrataError(f"{f.flag} {path.parent}: cannot write {path.name}: {e.strerror}") from None
+    size = sum(p.nbytes for p in f.plans)
+    progress(f"wrote {path} ({len(f.plans)} tensors, {size / 2**20:.1f} MiB)")
     return path
 
 
 def _prepare_dir(directory: Path, force: bool, keep: set[str]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
     foreign = sorted(p.name for p in directory.glob("*.gguf") if p.name not in keep)
     if foreign and not force:
         raise StrataError(f"--out {directory}: already holds other .gguf files ({', '.join(foreign)}); use --force to replace them")
@@ -341,30 +384,31 @@ def synth_pack(
     if shards < 1:
         raise StrataError(f"--shards {shards}: must be >= 1")
     _random_blocks()  # fail before writing anything
-    out = Path(out_dir)
     groups = split_evenly(plans, shards)
+    out = writable_dir(out_dir, "--out")
     names = [f"{name}.gguf"] if shards == 1 else [shard_name(name, i + 1, shards) for i in range(shards)]
-    _prepare_dir(out, force, set(names))
     meta = model_metadata(spec, name, nextn=mtp_dir is None)
-    written = []
+    files = []
     for i, (file_name, group) in enumerate(zip(names, groups)):
         split = []
         if shards > 1:  # the keys and types llama.cpp's gguf-split writes
             split = [(SPLIT_NO_KEY, i, V.UINT16), (SPLIT_COUNT_KEY, shards, V.UINT16),
                      (SPLIT_TENSORS_COUNT_KEY, len(plans), V.INT32)]
         file_meta = (meta + split) if i == 0 else split
-        written.append(_write_file(out / file_name, file_meta, group, seed, progress))
-    if mtp_dir is not None and spec.is_hybrid:
-        Path(mtp_dir).mkdir(parents=True, exist_ok=True)
-        mtp_meta = model_metadata(spec, f"{name} MTP", nextn=True)
-        written.append(_write_file(Path(mtp_dir) / "mtp.gguf", mtp_meta, draft, seed, progress))
-    elif mtp_dir is not None:
-        mtp_meta = [
-            ("general.architecture", MTP_ARCH, V.STRING),
-            ("general.name", f"{name} MTP draft", V.STRING),
-            (f"{MTP_ARCH}.target_architecture", spec.arch, V.STRING),
-            (f"{MTP_ARCH}.embedding_length", spec.n_embd, V.UINT32),
-        ]
-        Path(mtp_dir).mkdir(parents=True, exist_ok=True)
-        written.append(_write_file(Path(mtp_dir) / "mtp.gguf", mtp_meta, draft, seed + 1, progress))
-    return written
+        files.append(_pending("--out", out / file_name, file_meta, group, seed))
+    if mtp_dir is not None:
+        mtp = writable_dir(mtp_dir, "--mtp")
+        if spec.is_hybrid:
+            mtp_meta, mtp_seed = model_metadata(spec, f"{name} MTP", nextn=True), seed
+        else:
+            mtp_meta, mtp_seed = [
+                ("general.architecture", MTP_ARCH, V.STRING),
+                ("general.name", f"{name} MTP draft", V.STRING),
+                (f"{MTP_ARCH}.target_architecture", spec.arch, V.STRING),
+                (f"{MTP_ARCH}.embedding_length", spec.n_embd, V.UINT32),
+            ], seed + 1
+        files.append(_pending("--mtp", mtp / "mtp.gguf", mtp_meta, draft, mtp_seed))
+    _check_room(files)  # before a byte is written or an old file removed
+    _prepare_dir(out, force, set(names))
+    progress(f"writing {len(files)} file(s), {sum(f.nbytes for f in files) / 2**20:.1f} MiB in all")
+    return [_write_file(f, progress) for f in files]

@@ -26,9 +26,11 @@ from fastapi.responses import JSONResponse, Response
 
 from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
-from strata.server import embeddings, llama_routes, sse, tool_use
+from strata.server import embeddings, llama_routes, request_cost, sse, tool_use
+from strata.server import route_privacy
+from strata.text.content_text import ContentText
 from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer,
-                                  install_error_handlers, read_body, wait_for_disconnect)
+                                  install_error_handlers, json_answer, read_body, wait_for_disconnect)
 from strata.server.edge import EdgeMiddleware, EdgePolicy
 from strata.server.embeddings import EmbeddingRequest
 from strata.server.errors import APIError, invalid
@@ -41,6 +43,9 @@ from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletio
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
 ANSWER_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}  # a job's kind -> its answer id's prefix
+# finish codes of a request its own grammar or logit_bias ended (strata.grammar.matcher's LIMIT_CODE
+# and DEAD_END_CODE) -> the field named in the 400
+REQUEST_ENDED_ITSELF = {"grammar_limit": None, "grammar_dead_end": "logit_bias"}
 
 
 # ---------------------------------------------------------------- the served model id
@@ -199,7 +204,8 @@ class EngineAPI:
     def __init__(self, *, model_name: str | None = None, api_key: str | None = None,
                  max_request_bytes: int = 16 * 1024 * 1024, max_queued: int | None = None,
                  log: Callable[[str], None] | None = None, edge: EdgePolicy | None = None,
-                 body_timeout: float = BODY_TIMEOUT_S, access_log: bool = False, usage_trailer: bool = False):
+                 body_timeout: float = BODY_TIMEOUT_S, access_log: bool = False, usage_trailer: bool = False,
+                 expose_slots: bool = False):
         self.core: Any = None
         self.failure: str | None = None
         self._model_name = model_name
@@ -207,6 +213,7 @@ class EngineAPI:
         self.access_log = access_log
         self.usage_trailer = usage_trailer  # honour USAGE_TRAILER_HEADER (an engine strata serve started)
         self.api_key = api_key
+        self.expose_slots = expose_slots  # /slots shows each request's sampling and id (strata/server/route_privacy.py)
         # Host / Origin / key policy of every route (the key: the user's, or the secret of an
         # engine that `strata serve` started)
         self.edge = edge or EdgePolicy(api_key=api_key)
@@ -268,6 +275,13 @@ class EngineAPI:
         for handle in list(self.live):
             handle.cancel()
 
+    def refuse_if_queue_full(self, core) -> None:
+        """429 when max_queued requests already wait for a slot (an embeddings call counts as one:
+        it keeps at most `parallel` of its inputs in the engine at once, strata/server/embeddings.py)."""
+        if self.max_queued is not None and core.queue_depth() >= self.max_queued:
+            raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
+                           code="queue_full")
+
     def ready_core(self):
         self.drain.refuse_if_draining()
         if self.core is None:
@@ -283,14 +297,16 @@ class EngineAPI:
         tok = core.tokenizer
         n_ctx = int(core.n_ctx)
         if isinstance(req, ChatCompletionRequest):
-            self.limits.refuse_if_cannot_fit([m.text() for m in req.messages], n_ctx, "messages")
-            messages, tools, plan = tool_use.plan_chat(core, req, req.message_dicts())
+            request_cost.refuse_chat_text(self.limits, req, n_ctx)  # tools and template kwargs included
+            content = ContentText(tok)  # what the request wrote stays text (strata/text/content_text.py)
+            messages, tools, plan = tool_use.plan_chat(core, req, content.hide(req.message_dicts()))
             try:
-                text = core.chat.render(messages, add_generation_prompt=True, tools=tools,
-                                        **(req.chat_template_kwargs or {}))
+                text = core.chat.render(messages, add_generation_prompt=True, tools=content.hide(tools),
+                                        **content.hide(req.chat_template_kwargs or {}))
             except StrataError as e:
                 raise invalid(e.message, param="messages") from None
-            return list(tok.encode(text, add_special=True)), "", plan
+            self.limits.refuse_if_cannot_fit([text], n_ctx, "messages")  # what the template made of it
+            return content.encode(text), "", plan
         plan = tool_use.plan_completion(req)
         prompt = req.single_prompt()
         if isinstance(prompt, str):
@@ -320,14 +336,13 @@ class EngineAPI:
             self.limits.check_ids(sorted(req.logit_bias), "logit_bias", keyed=True)
         params = req.sampling(max_tokens, logprobs=logprobs, top_logprobs=top)
         params.constraint = plan.constraint
-        if self.max_queued is not None and core.queue_depth() >= self.max_queued:
-            raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
-                           code="queue_full")
+        self.refuse_if_queue_full(core)
         job_id = self.new_id()
         try:
             # the request id is the answer's id, so /slots shows a client which slot runs its request
             handle = core.submit(GenerationRequest(prompt_ids=ids, params=params,
-                                                   request_id=f"{ANSWER_PREFIX[kind]}-{job_id}"))
+                                                   request_id=f"{ANSWER_PREFIX[kind]}-{job_id}",
+                                                   cache_salt=req.cache_salt or ""))
         except StrataError as e:
             if hasattr(e, "n_prompt_tokens"):
                 raise overflow(e.n_prompt_tokens, getattr(e, "n_ctx", n_ctx)) from None
@@ -370,6 +385,9 @@ class EngineAPI:
         """The error to report for a generation that did not end normally."""
         if fin.reason == "error" and fin.code in ("out_of_memory", "device_lost"):  # worth a retry
             return APIError("unavailable_error", fin.error or "generation failed", code=fin.code)
+        if fin.reason == "error" and fin.code in REQUEST_ENDED_ITSELF:  # the request's grammar or logit_bias
+            return APIError("invalid_request_error", fin.error or "generation failed",
+                            param=REQUEST_ENDED_ITSELF[fin.code], code=fin.code)
         if fin.reason == "error":
             return APIError("server_error", fin.error or "generation failed", code=fin.code)
         if fin.reason == "cancelled" and self.drain.expired.is_set():
@@ -399,6 +417,11 @@ class EngineAPI:
         if err is not None:
             raise err
         text = "".join(texts) + fin.text_tail
+        if job.logprobs:  # a context's tokens x 20 alternatives: seconds to render, off the loop
+            return await self.preparer.off_loop(self._whole_answer, job, text, fin, tokens, answer=True)
+        return self._whole_answer(job, text, fin, tokens)
+
+    def _whole_answer(self, job: _Job, text: str, fin: FinishEvent, tokens: list[TokenEvent]) -> Response:
         if job.kind == "chat":
             message, finish = _message(job, text, fin.reason)
             choice = {"index": 0, "message": message,
@@ -412,7 +435,7 @@ class EngineAPI:
                       "finish_reason": fin.reason}
             body = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": job.created,
                     "model": self.model_name, "choices": [choice], "usage": _usage(fin)}
-        return JSONResponse(body)
+        return json_answer(body)
 
     def _chunk(self, job: _Job, delta_text: str | None, finish: str | None, lp: list[TokenEvent],
                role: bool = False, tool_call: dict[str, Any] | None = None) -> bytes:
@@ -532,11 +555,12 @@ class EngineAPI:
 
     async def _generate(self, request: Request, model_cls, endpoint: str) -> Response:
         raw = await read_body(request, self.max_request_bytes, self.body_timeout)
-        req = await self.preparer.run(len(raw), parse_request, model_cls, raw)
+        req = await self.preparer.run(len(raw), request_cost.parse_generation, model_cls, raw, self.core)
         core = self.ready_core()
         self.check_model(req.model)
         try:
-            ids, echo_text, plan = await self.preparer.run(len(raw), self._prompt_ids, core, req)
+            # never on the loop, however small the body: a template may spin for its whole time limit
+            ids, echo_text, plan = await self.preparer.off_loop(self._prompt_ids, core, req)
             if plan.constraint is not None:
                 await self.preparer.off_loop(tool_use.check_constraint, core, plan)
             kind = "chat" if model_cls is ChatCompletionRequest else "completion"
@@ -607,7 +631,7 @@ class EngineAPI:
         @app.post("/tokenize")
         async def tokenize(request: Request):
             raw, req = await self._parsed(request, llama_routes.TokenizeRequest)
-            return await self.preparer.run(len(raw), llama_routes.tokenize, self.ready_core(), req)
+            return await self.preparer.cancellable(request, len(raw), llama_routes.tokenize, self.ready_core(), req)
 
         @app.post("/detokenize")
         async def detokenize(request: Request):
@@ -616,11 +640,11 @@ class EngineAPI:
 
         @app.get("/props")
         async def props(request: Request):
-            return llama_routes.props(self.ready_core())
+            return route_privacy.props_view(llama_routes.props(self.ready_core()))
 
         @app.get("/slots")
         async def slots(request: Request):
-            return llama_routes.slots(self, self.ready_core())
+            return route_privacy.slots_view(llama_routes.slots(self, self.ready_core()), self.expose_slots)
 
         return app
 

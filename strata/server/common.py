@@ -5,12 +5,14 @@ error handlers, draining on shutdown."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -21,7 +23,8 @@ from strata.server.errors import APIError, error_for_status
 DISCARD_LIMIT = 64 * 1024 * 1024
 BODY_TIMEOUT_S = 30.0  # default time for a request body to arrive once its headers have
 PREPARE_THREADS = 2  # threads that parse, validate, template and tokenize request bodies
-INLINE_BODY_BYTES = 2048  # bodies up to this size are prepared on the event loop (tokenizing 2 KiB: ~1 ms)
+INLINE_BODY_BYTES = 2048  # bodies up to this size are parsed on the event loop (~0.1 ms)
+MAX_PREPARE_JOBS = 64  # jobs waiting for or running on those threads; more are refused (429)
 
 
 async def read_body(request: Request, limit: int, timeout: float | None = BODY_TIMEOUT_S) -> bytes:
@@ -60,27 +63,85 @@ async def read_body(request: Request, limit: int, timeout: float | None = BODY_T
 
 
 class Preparer:
-    """Parsing, validating, templating and tokenizing a request body take CPU time in
-    proportion to its size (seconds for megabytes): big bodies run on a few threads of their
-    own, so the event loop keeps serving other requests and streams meanwhile, and many big
-    bodies wait their turn here instead of taking every thread of the loop's default executor.
-    Small ones (most requests) run on the loop: their work is tens of microseconds, less than
-    the hand-over to a thread, which waits for the GIL while the engine's thread holds it."""
+    """Work whose cost grows with a request (parsing a big body, templating, tokenizing,
+    rendering a big answer) runs here, on a few threads of its own, never on the event loop:
+    the loop answers /health and writes every stream's tokens, and a request that took it for
+    seconds would stall all of them (and get the engine restarted by strata serve's health
+    watch). At most `max_jobs` jobs wait or run at once; past that a request is refused with
+    429 rather than queued without bound (each job holds its body).
 
-    def __init__(self, threads: int = PREPARE_THREADS, inline_bytes: int = INLINE_BODY_BYTES):
+    Only work that a small body bounds (parsing it, a small /tokenize) runs on the loop: its cost
+    is bounded by `inline_bytes`, and it is less than the hand-over to a thread, which waits for
+    the GIL while the engine's thread holds it."""
+
+    def __init__(self, threads: int = PREPARE_THREADS, inline_bytes: int = INLINE_BODY_BYTES,
+                 max_jobs: int = MAX_PREPARE_JOBS):
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="strata-prepare")
         self.inline_bytes = inline_bytes
+        self.max_jobs = max_jobs
+        self.jobs = 0  # waiting for a thread or running
 
     async def run(self, size: int, fn, *args):
-        """fn(*args), on the loop when `size` (the body's bytes) is small, else on the pool."""
+        """fn(*args) on the loop when `size` (the body's bytes) is small, else on the pool. Only
+        for work that the body's size bounds (parsing it): anything else goes to off_loop."""
         if size <= self.inline_bytes:
             return fn(*args)
         return await self.off_loop(fn, *args)
 
-    async def off_loop(self, fn, *args):
-        """fn(*args) on the pool whatever the body's size: work that is slow for a small body
-        (compiling a grammar)."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def off_loop(self, fn, *args, answer: bool = False):
+        """fn(*args) on the pool, whatever the body's size (templating a 2 KiB body may take the
+        template's whole time limit). `answer`: rendering the answer of work already done, which
+        is never refused (a request is refused before its work, not after)."""
+        if self.jobs >= self.max_jobs and not answer:
+            raise APIError("rate_limit_error", f"too many requests are being prepared (limit {self.max_jobs}); "
+                           "retry later", code="busy")
+        self.jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            self.jobs -= 1
+
+    async def cancellable(self, request: Request, size: int, fn, *args):
+        """fn(cancel, *args) on the pool, `cancel` (a threading.Event) set when the client goes
+        away: fn looks at it between chunks of its work and stops (raising Cancelled), so an
+        abandoned request stops spending CPU. Returns fn's result, or a 499 answer that nobody
+        reads (the access log shows it). Work whose cost the body's `size` bounds runs on the
+        loop when that is small, as run() does."""
+        cancel = threading.Event()
+        if size <= self.inline_bytes:
+            return fn(cancel, *args)
+
+        def job():
+            if cancel.is_set():  # the client left while the job waited for a thread
+                raise Cancelled()
+            return fn(cancel, *args)
+
+        work = asyncio.ensure_future(self.off_loop(job))
+        gone = asyncio.ensure_future(wait_for_disconnect(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                cancel.set()
+                work.add_done_callback(_ignore_outcome)  # (it raises Cancelled, or finishes unread)
+        if work.done():
+            return work.result()
+        return Response(status_code=499)
+
+
+class Cancelled(Exception):
+    """Raised by prepared work that saw its cancel flag: its client has gone."""
+
+
+def json_bytes(obj) -> bytes:
+    """`obj` as JSON, byte for byte as FastAPI's JSONResponse writes it: for answers rendered on
+    the preparing threads (a big one takes seconds, which the event loop must not spend)."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def json_answer(obj) -> Response:
+    return Response(json_bytes(obj), media_type="application/json")
 
 
 async def wait_for_disconnect(request: Request) -> None:

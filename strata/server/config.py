@@ -6,6 +6,9 @@ them: "C:\\models\\x" (proper JSON) and also "C:\models\x" (raw backslashes, whi
 JSON would reject).
 
 Unknown keys are named in a warning; a bad value is one StrataError line naming the key.
+What a file may hold is bounded, so no file takes the reader down: a regular file of at most
+MAX_CONFIG_BYTES, objects nested at most MAX_DEPTH deep, no key twice in one object, finite
+numbers within each key's bounds (NUMBER_BOUNDS), integers of at most MAX_INT_DIGITS digits.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from strata.engine.options import parse_engine_args
+from strata.engine.options import check_api_key, parse_engine_args
 from strata.errors import StrataError
 
 _VALID_ESCAPES = set('"\\/bfnrtu')
@@ -101,31 +105,142 @@ def strip_jsonc(text: str) -> str:
     return "".join(out)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; this leaves room for long comments
+MAX_DEPTH = 32  # the deepest real config is 2 (a list in the object); json's reader recurses per level
+MAX_INT_DIGITS = 30  # larger than any bound below; Python refuses to convert over 4300 digits
+
+# a token of the plain JSON: a whole string (escapes included) or a bracket or a colon
+_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}:]')
+
+
+class _LongInteger:
+    """An integer literal too long to be any key's value: kept as text so the key's validation
+    names it (pydantic refuses it as "not a valid integer") instead of int() raising."""
+
+    def __init__(self, digits: str):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {len(self.digits)} digits>"
+
+
+def _parse_int(digits: str) -> int | _LongInteger:
+    return int(digits) if len(digits) <= MAX_INT_DIGITS else _LongInteger(digits)
+
+
+def _no_duplicate_keys(source: str):
+    def build(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                # json would keep the last value without a word ("api_key" given twice, the last one "")
+                raise StrataError(f"{source}: {key}: given twice in one object; give it once")
+            out[key] = value
+        return out
+    return build
+
+
+def _check_depth(plain: str, source: str) -> None:
+    depth, key, last_string = 0, None, None
+    for m in _STRUCTURE.finditer(plain):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                where = f"{key}: " if key else ""
+                raise StrataError(f"{source}: {where}nested more than {MAX_DEPTH} levels deep")
+        elif tok in "]}":
+            depth -= 1
+        elif tok == ":":
+            if depth == 1:
+                key = last_string
+        else:
+            last_string = tok[1:-1]
+
+
 def parse_jsonc(text: str, source: str = "config") -> Any:
+    plain = strip_jsonc(text)
+    _check_depth(plain, source)
     try:
-        return json.loads(strip_jsonc(text))
+        return json.loads(plain, object_pairs_hook=_no_duplicate_keys(source), parse_int=_parse_int)
     except json.JSONDecodeError as e:
         raise StrataError(f"{source}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except (RecursionError, ValueError) as e:  # what the checks above leave to json: one line still
+        raise StrataError(f"{source}: not a readable JSON config: {e}") from None
 
 
-PositiveSeconds = Annotated[float, Field(gt=0)]
+def _read_bounded(path: str) -> str:
+    """The text of a config file. Only a regular file is read (a FIFO would block, /dev/zero never
+    end), and at most MAX_CONFIG_BYTES of it. O_NONBLOCK: opening a FIFO returns at once so that
+    fstat can tell what it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise StrataError(f"config file {path} not found") from None
+    except OSError as e:
+        raise StrataError(f"config file {path}: cannot read: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StrataError(f"config file {path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise StrataError(f"config file {path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise StrataError(f"config file {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; a config is a few lines")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise StrataError(f"config file {path}: cannot read: not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+# (lowest, highest) of each numeric key: a value past these is a typo, not a setting (1e15 bytes
+# of request body, a timeout of Infinity); the ones that are 0 mean "no limit" where the docs say so
+DAY = 86400.0
+NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
+    "port": (0, 65535),
+    "parallel": (1, 1024),
+    "max_queued": (0, 100_000),
+    "request_timeout": (0, 7 * DAY),
+    "startup_timeout": (0, DAY),  # and above 0: see ServerConfig
+    "shutdown_timeout": (0, DAY),
+    "max_request_bytes": (1024, 1 << 30),
+    "body_timeout": (0, DAY),
+    "header_timeout": (0, 3600),  # and above 0
+    "max_connections": (1, 1_000_000),
+}
+
+
+def _bounded(key: str, kind: type, **extra: Any) -> Any:
+    lo, hi = NUMBER_BOUNDS[key]
+    return Annotated[kind, Field(**({"ge": lo} | extra), le=hi)]
+
+
+def _usable_api_key(key: str | None) -> str | None:
+    return None if key is None else check_api_key(key)
 
 
 class ServerConfig(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    # allow_inf_nan=False: JSON's Infinity and NaN (which Python's reader accepts) are refused by key
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8080
-    parallel: Annotated[int, Field(ge=1)] | None = None
+    port: _bounded("port", int) = 8080
+    parallel: _bounded("parallel", int) | None = None
     args: list[str] = Field(default_factory=list)
     model: str | None = Field(default=None, validation_alias=AliasChoices("model", "alias", "model_name"))
-    api_key: str | None = None
-    max_queued: Annotated[int, Field(ge=0)] = 64
-    request_timeout: Annotated[float, Field(ge=0)] = 600.0  # 0: no limit
-    startup_timeout: PositiveSeconds = 600.0
-    shutdown_timeout: Annotated[float, Field(ge=0)] = 30.0
-    max_request_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
-    body_timeout: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0  # 0: no limit
+    api_key: Annotated[str | None, AfterValidator(_usable_api_key)] = None
+    max_queued: _bounded("max_queued", int) = 64
+    request_timeout: _bounded("request_timeout", float) = 600.0  # 0: no limit
+    startup_timeout: _bounded("startup_timeout", float, gt=0) = 600.0
+    shutdown_timeout: _bounded("shutdown_timeout", float) = 30.0
+    max_request_bytes: _bounded("max_request_bytes", int) = 16 * 1024 * 1024
+    body_timeout: _bounded("body_timeout", float) = 30.0  # 0: no limit
+    # connections that never finish their request head, and how many may be open (strata.server.connections)
+    header_timeout: _bounded("header_timeout", float, gt=0) = 10.0
+    max_connections: _bounded("max_connections", int) = 512
     # None: loopback names when bound to loopback, else any (docs/SERVER.md, strata.server.edge)
     allowed_hosts: list[str] | None = None
     allowed_origins: list[str] = Field(default_factory=list)
@@ -139,7 +254,7 @@ class ServerConfig(BaseModel):
 
 KNOWN_KEYS = {"host", "port", "parallel", "args", "model", "alias", "model_name", "api_key", "max_queued",
               "request_timeout", "startup_timeout", "shutdown_timeout", "max_request_bytes", "body_timeout",
-              "allowed_hosts", "allowed_origins", "access_log"}
+              "allowed_hosts", "allowed_origins", "access_log", "header_timeout", "max_connections"}
 
 
 def _describe(e: dict) -> str:
@@ -151,7 +266,7 @@ def _describe(e: dict) -> str:
     return f"{key}: {msg} (got {e.get('input')!r})"
 
 
-def _absolute_paths(args: list[str], base: Path) -> list[str]:
+def absolute_paths(args: list[str], base: Path) -> list[str]:
     out = list(args)
     for i, a in enumerate(out):
         flag, eq, val = a.partition("=")
@@ -194,7 +309,7 @@ def config_from_dict(data: Any, source: str = "config", base_dir: Path | None = 
         if flag in opts.given_flags and warn is not None:
             warn(f"strata: warning: {source}: args: {flag} is set by strata serve; use the config key instead")
     if base_dir is not None:
-        cfg.args = _absolute_paths(cfg.args, base_dir)
+        cfg.args = absolute_paths(cfg.args, base_dir)
     return cfg
 
 
@@ -203,12 +318,7 @@ def load_config(path: str | None, warn=None) -> ServerConfig:
     if path is None:
         return ServerConfig()
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise StrataError(f"config file {path} not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise StrataError(f"config file {path}: cannot read: {e}") from None
+    text = _read_bounded(path)
     return config_from_dict(parse_jsonc(text, str(path)), str(path), p.resolve().parent, warn)
 
 
@@ -230,8 +340,7 @@ def check_engine_start(cfg: ServerConfig, source: str | None = None) -> None:
     the config's `args` (source: the config file) comes at once instead of an engine child's
     exit 2 after a spawn. What needs the device (memory, kernels) is left to the engine."""
     from strata.defaults import default_model_path
-    from strata.mtp.draft import find_draft
-    from strata.pack.loader import open_pack
+    from strata.engine.pack_check import check_pack_files
 
     where = f"{source}: args: " if source else ""
     try:
@@ -239,12 +348,6 @@ def check_engine_start(cfg: ServerConfig, source: str | None = None) -> None:
         pack_arg = opts.pack
         if pack_arg is None and opts.native is None:
             pack_arg = str(default_model_path())
-        pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
-        try:
-            pack.model_config()
-            if opts.mtp is not None:
-                find_draft(opts.mtp, pack)
-        finally:
-            pack.close()
+        check_pack_files(pack_arg, opts.native, opts.ple_gguf, opts.mtp)
     except StrataError as e:
         raise StrataError(f"{where}{e.message}") from None

@@ -12,7 +12,7 @@ So, as Ollama and llama-server users expect:
   name unless `allowed_hosts` is given. Others: 403.
 - Origin: requests without one (curl, SDKs) pass; pages on a loopback origin and those in
   `allowed_origins` (`"*"` allows all) get CORS answers (preflight included); any other
-  origin, `null` too, gets 403.
+  origin, `null` too, gets 403; a value that is no URL at all (`http://[evil`) gets 400.
 - Content-Type of a POST: JSON, none, or `application/x-www-form-urlencoded` (what `curl -d`
   sends; read as JSON). Other types, `text/plain` and `multipart/form-data` among them, get
   415: they are what a page may send without a preflight, and never JSON on purpose.
@@ -88,12 +88,8 @@ class EdgePolicy:
         o = origin.strip().lower().rstrip("/")
         if ANY in self.allowed_origins or o in self.allowed_origins:
             return True
-        parts = urlsplit(o)
-        try:
-            name = parts.hostname
-        except ValueError:
-            return False
-        return parts.scheme in ("http", "https") and name in LOOPBACK_NAMES
+        parts = origin_parts(o)
+        return parts is not None and parts[0] in ("http", "https") and parts[1] in LOOPBACK_NAMES
 
     def key_ok(self, authorization: str) -> tuple[bool, str]:
         """(ok, why-not) for an Authorization header value."""
@@ -103,6 +99,18 @@ class EdgePolicy:
         if not hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"), self.api_key.encode()):
             return False, "invalid API key"
         return True, ""
+
+
+def origin_parts(origin: str) -> tuple[str, str | None] | None:
+    """(scheme, host name) of an Origin value, or None when it cannot be read as a URL: an
+    unclosed IPv6 bracket (`http://[evil`) or a port out of range make urlsplit raise, and
+    such a value comes from no browser. ("null", an opaque origin, reads as ("", None).)"""
+    try:
+        parts = urlsplit(origin)
+        _ = parts.port  # raises for a port that is not a number in range
+        return parts.scheme, parts.hostname
+    except ValueError:
+        return None
 
 
 def content_type_ok(value: str) -> bool:
@@ -141,9 +149,13 @@ class EdgeMiddleware:
             refusal = APIError("permission_error", f"Host {h.get('host')!r} is not served here; add it to "
                                "allowed_hosts (--allowed-hosts) to allow it", param="Host", code="host_not_allowed")
         elif origin is not None and not policy.origin_ok(origin):
-            refusal = APIError("permission_error", f"Origin {origin!r} is not allowed; add it to "
-                               "allowed_origins (--allowed-origins) to allow it", param="Origin",
-                               code="origin_not_allowed")
+            if origin_parts(origin.strip().lower()) is None:
+                refusal = APIError("invalid_request_error", f"Origin {origin!r} is not a valid origin "
+                                   "(scheme://host[:port])", param="Origin", code="invalid_origin")
+            else:
+                refusal = APIError("permission_error", f"Origin {origin!r} is not allowed; add it to "
+                                   "allowed_origins (--allowed-origins) to allow it", param="Origin",
+                                   code="origin_not_allowed")
         elif method == "OPTIONS" and origin is not None and "access-control-request-method" in h:
             return await _preflight(origin, send)
         elif policy.api_key and path not in policy.key_exempt:

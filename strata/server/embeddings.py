@@ -7,7 +7,9 @@ the vectors are usable for rough similarity between texts, not as a trained embe
 (docs/SERVER.md, "Embeddings").
 
 Each input is its own engine request: several inputs fill several slots and are computed in
-the same windows.
+the same windows. A call keeps at most `parallel` of its inputs in the engine at once and counts
+as one request against max_queued, as it does at strata serve's queue (docs/SERVER.md, "Request
+limits"): its inputs cannot fill the engine's queue ahead of other clients' requests.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import base64
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
+from fastapi.responses import Response
 from pydantic import Field, field_validator
 
-from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, SamplingParams
+from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import StrataError
-from strata.server.common import wait_for_disconnect
+from strata.server.common import json_answer, wait_for_disconnect
 from strata.server.errors import APIError, invalid
 from strata.server.events import core_events
 from strata.server.prompt_limits import overflow
@@ -99,46 +102,62 @@ def _encode(vec: list[float], fmt: str) -> list[float] | str:
     return [float(x) for x in vec]
 
 
-async def _finish(handle: RequestHandle) -> FinishEvent:
-    async for ev in core_events(handle):
-        if isinstance(ev, FinishEvent):
-            return ev
-    raise AssertionError("core_events ends with a FinishEvent")
+async def _embed_one(api: "EngineAPI", core: Any, ids: list[int], window: asyncio.Semaphore) -> FinishEvent:
+    """One input through the engine, once the call's window has room for it."""
+    async with window:
+        try:
+            handle = core.submit(GenerationRequest(prompt_ids=ids, params=SamplingParams(max_tokens=1),
+                                                   request_id=f"embd-{api.new_id()}", embed=True))
+        except StrataError as e:
+            raise invalid(e.message, param="input") from None
+        api.track(handle)
+        try:
+            async for ev in core_events(handle):
+                if isinstance(ev, FinishEvent):
+                    return ev
+            raise AssertionError("core_events ends with a FinishEvent")
+        finally:
+            api.untrack(handle)
+            handle.cancel()  # (a no-op once finished; frees the slot of one whose caller left)
 
 
-async def _cancel_all_on_disconnect(request: "Request", handles: list[RequestHandle]) -> None:
-    await wait_for_disconnect(request)
-    for h in handles:
-        h.cancel()
+async def _embed_all(api: "EngineAPI", request: "Request", core: Any,
+                     inputs: list[list[int]]) -> list[FinishEvent] | None:
+    """Every input's FinishEvent (None: the client left first), at most `parallel` inputs in the
+    engine at once: a call of 2048 inputs then holds as many queue entries as `parallel`
+    requests, and a request sent after it waits for the inputs already in the engine, not for
+    all of them. What is left is cancelled when the client leaves or an input is refused."""
+    window = asyncio.Semaphore(max(1, int(getattr(core, "parallel", 1) or 1)))
+    tasks = [asyncio.ensure_future(_embed_one(api, core, ids, window)) for ids in inputs]
+    everything = asyncio.gather(*tasks)
+    gone = asyncio.ensure_future(wait_for_disconnect(request))
+    left = True
+    try:
+        done, _ = await asyncio.wait({everything, gone}, return_when=asyncio.FIRST_COMPLETED)
+        left = everything not in done
+    finally:
+        gone.cancel()
+        for t in tasks:
+            t.cancel()  # (no-ops for those done)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if left and everything.done() and not everything.cancelled():
+            everything.exception()  # (read: the outcome of an abandoned call matters to no one)
+    return None if left else everything.result()
 
 
-async def embed(api: "EngineAPI", request: "Request", raw: bytes, req: EmbeddingRequest) -> dict[str, Any]:
+async def embed(api: "EngineAPI", request: "Request", raw: bytes, req: EmbeddingRequest) -> Response:
     core = api.ready_core()
     api.check_model(req.model)
     try:
-        inputs = await api.preparer.run(len(raw), _prompt_ids, api, core, req)
+        inputs = await api.preparer.off_loop(_prompt_ids, api, core, req)
+        api.refuse_if_queue_full(core)  # the call is one request against max_queued
     except APIError:
         api.metrics.finished("embeddings", "rejected")
         raise
-    handles: list[RequestHandle] = []
-    try:
-        for _, ids in inputs:
-            handles.append(core.submit(GenerationRequest(prompt_ids=ids, params=SamplingParams(max_tokens=1),
-                                                         request_id=f"embd-{api.new_id()}", embed=True)))
-    except StrataError as e:
-        for h in handles:
-            h.cancel()
-        raise invalid(e.message, param="input") from None
-    for h in handles:
-        api.track(h)
-    watcher = asyncio.ensure_future(_cancel_all_on_disconnect(request, handles))
-    try:
-        finished = await asyncio.gather(*(_finish(h) for h in handles))
-    finally:
-        watcher.cancel()
-        for h in handles:
-            api.untrack(h)
-            h.cancel()  # (a no-op for a finished one; frees the slot of one a failure left running)
+    finished = await _embed_all(api, request, core, [ids for _, ids in inputs])
+    if finished is None:
+        api.metrics.finished("embeddings", "cancelled")
+        return Response(status_code=499)  # the client left (nobody reads this; the access log shows it)
     n_prompt = sum(f.prompt_tokens for f in finished)
     api.metrics.finished("embeddings", _outcome(finished), n_prompt, cached_tokens=sum(f.cached_tokens for f in finished))
     for fin in finished:
@@ -150,10 +169,16 @@ async def embed(api: "EngineAPI", request: "Request", raw: bytes, req: Embedding
     rec = api.access_record(request)
     if rec is not None:
         rec.set(n_prompt, 0)
-    data = [{"object": "embedding", "index": i, "embedding": _encode(f.embedding, req.encoding_format)}
+    # 2048 vectors of a thousand floats are seconds of encoding: off the loop
+    return await api.preparer.off_loop(_answer, api.model_name, finished, req.encoding_format, n_prompt,
+                                       answer=True)
+
+
+def _answer(model: str, finished: list[FinishEvent], fmt: str, n_prompt: int) -> Response:
+    data = [{"object": "embedding", "index": i, "embedding": _encode(f.embedding, fmt)}
             for i, f in enumerate(finished)]
-    return {"object": "list", "data": data, "model": api.model_name,
-            "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt}}
+    return json_answer({"object": "list", "data": data, "model": model,
+                        "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt}})
 
 
 def _outcome(finished: list[FinishEvent]) -> str:

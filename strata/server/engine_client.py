@@ -13,6 +13,12 @@ A response whose body is not read to its end is closed with its connection (that
 engine learns that a stream's client left: it cancels the generation). A pooled connection
 that the engine closed while idle is retried once on a fresh one, but only when nothing of the
 answer arrived (the request was not taken).
+
+With `admitted_only`, the client talks only to the engine addresses it was told with their keys
+(`admit`: the port a child reported over its own pipe), and each new connection must answer a
+challenge with that key before any request, and so the key, is sent on it
+(strata/server/child_handshake.py): a process that took the port of an engine that died gets
+a nonce, never a key or a prompt.
 """
 
 from __future__ import annotations
@@ -24,8 +30,13 @@ from urllib.parse import urlsplit
 
 import h11
 
+from strata.server.child_handshake import answers, challenge_target, new_nonce
+
 READ_SIZE = 1 << 16
 CONNECT_TIMEOUT_S = 5.0
+# the challenge is answered by the engine's event loop, which a request's work may hold for a
+# while (it is not the engine's own liveness check: the supervisor's /health watch is)
+CHALLENGE_TIMEOUT_S = 30.0
 MAX_IDLE = 64  # kept-alive connections per engine address
 
 
@@ -108,17 +119,69 @@ class Reply:
 
 
 class EngineClient:
-    def __init__(self, headers: dict[str, str] | None = None):
+    def __init__(self, headers: dict[str, str] | None = None, admitted_only: bool = False):
         self._headers = [(k.lower(), v) for k, v in (headers or {}).items()]
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._admitted_only = admitted_only
+        self._keys: dict[tuple[str, int], str] = {}  # admitted engine address -> its key
+
+    # ------------------------------------------------------------ engines
+    def admit(self, host: str, port: int, key: str) -> None:
+        """An engine this client may talk to: the address its child reported, and its key."""
+        self._keys[(host, port)] = key
+
+    def forget(self, host: str, port: int) -> None:
+        """The engine at this address is gone: no more requests to it, its connections closed."""
+        self._keys.pop((host, port), None)
+        for conn in self._idle.pop((host, port), []):
+            conn.close()
 
     # ------------------------------------------------------------ connections
-    async def _connect(self, key: tuple[str, int]) -> _Conn:
+    async def _connect(self, key: tuple[str, int], secret: str | None) -> _Conn:
+        """A new connection; with the engine's key, one whose peer proved it holds that key (the
+        key the request was sent with, not looked up again: the address may be forgotten
+        meanwhile, when the engine dies)."""
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(*key), CONNECT_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as e:
             raise EngineUnreachable(f"cannot connect to the engine at {key[0]}:{key[1]}: {type(e).__name__}: {e}") from None
-        return _Conn(reader, writer)
+        conn = _Conn(reader, writer)
+        if secret is not None:
+            try:
+                await asyncio.wait_for(self._challenge(conn, key, secret), CHALLENGE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                conn.close()
+                raise EngineUnreachable(f"the peer at {key[0]}:{key[1]} did not answer the engine's "
+                                        f"challenge within {CHALLENGE_TIMEOUT_S:g} s") from None
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
+    async def _challenge(self, conn: _Conn, key: tuple[str, int], secret: str) -> None:
+        """The peer proves it holds the engine's key (an HMAC of a fresh nonce) before this
+        connection carries anything else."""
+        nonce = new_nonce()
+        h = conn.h
+        conn.writer.write(h.send(h11.Request(method="GET", target=challenge_target(nonce),
+                                             headers=[("host", f"{key[0]}:{key[1]}")]))
+                          + h.send(h11.EndOfMessage()))
+        await conn.writer.drain()
+        ev = await conn.next_event()
+        status = getattr(ev, "status_code", 0)
+        body = b""
+        while not isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)) and len(body) <= 256:
+            ev = await conn.next_event()
+            if isinstance(ev, h11.Data):
+                body += bytes(ev.data)
+        if status != 200 or not isinstance(ev, h11.EndOfMessage) or not answers(secret, nonce, body):
+            raise EngineUnreachable(f"the process at {key[0]}:{key[1]} is not the engine "
+                                    f"(it failed the engine's challenge)")
+        try:
+            h.start_next_cycle()
+        except h11.LocalProtocolError:  # (the peer closes the connection after its answer)
+            raise EngineUnreachable(f"the engine at {key[0]}:{key[1]} closed the connection after "
+                                    f"its challenge") from None
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:
         idle = self._idle.get(key)
@@ -132,7 +195,8 @@ class EngineClient:
 
     def _put(self, key: tuple[str, int], conn: _Conn) -> None:
         h = conn.h
-        if h.our_state is h11.DONE and h.their_state is h11.DONE:
+        forgotten = self._admitted_only and key not in self._keys  # (its engine is gone)
+        if h.our_state is h11.DONE and h.their_state is h11.DONE and not forgotten:
             h.start_next_cycle()
             idle = self._idle.setdefault(key, [])
             if len(idle) < MAX_IDLE:
@@ -148,10 +212,15 @@ class EngineClient:
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         hdrs = [("host", parts.netloc), *self._headers, *((k.lower(), v) for k, v in (headers or {}).items())]
+        secret = self._keys.get(key)
+        if secret is not None:
+            hdrs.append(("authorization", f"Bearer {secret}"))
+        elif self._admitted_only:
+            raise EngineUnreachable(f"{key[0]}:{key[1]} is not the address of an engine this server started")
         if content is not None:
             hdrs.append(("content-length", str(len(content))))
         for attempt in (0, 1):
-            conn = self._take(key) or await self._connect(key)
+            conn = self._take(key) or await self._connect(key, secret)
             try:
                 data = conn.h.send(h11.Request(method=method, target=target, headers=hdrs))
                 if content:

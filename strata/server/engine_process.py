@@ -1,9 +1,14 @@
 """The `strata engine` process: bind the port, serve the API (503 while loading), load the
 engine core on a thread, and leave when the parent server is gone.
 
-A supervised engine (started by `strata serve`) watches its stdin, a pipe from the server:
-end-of-file means the server died, even by SIGKILL, and the engine exits at once. This
-works on Windows too; on Linux PR_SET_PDEATHSIG is set as well.
+A supervised engine (started by `strata serve`) reads its key from the first line of its
+stdin, binds a free port and reports it on stdout (strata/server/child_handshake.py), then
+watches its stdin, a pipe from the server: end-of-file means the server died, even by SIGKILL,
+and the engine exits at once. This works on Windows too; on Linux PR_SET_PDEATHSIG is set as well.
+
+Run by hand, the "listening" line comes once the socket is bound and a pack named by
+--pack/--native has opened with its metadata checked: a pack that cannot load is one line and
+exit 2, with no listening line before it.
 """
 
 from __future__ import annotations
@@ -18,18 +23,11 @@ from typing import Callable
 
 from strata.engine.options import EngineOptions
 from strata.errors import EXIT_DEVICE_LOST, StrataError
-from strata.server.engine_launch import ENV_ENGINE_SECRET, ENV_PARENT_PID, ENV_PARENT_WATCH
+from strata.server.child_handshake import ENV_HANDSHAKE, ChallengeResponder, port_report, read_key
+from strata.server.engine_launch import ENV_PARENT_PID, ENV_PARENT_WATCH, HANDSHAKE
 from strata.server.gc_policy import settle_after_load
 
 ENGINE_DRAIN_S = 30.0
-# The exit code of a supervised engine whose port (picked by `strata serve`) was taken before it
-# could bind: the server's race, not the user's error (exit 2), so the server does not stop for it
-EXIT_PORT_TAKEN = 75  # EX_TEMPFAIL
-
-
-class PortTaken(StrataError):
-    exit_code = EXIT_PORT_TAKEN
-
 
 def log_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
@@ -88,16 +86,40 @@ def watch_parent(log: Callable[[str], None]) -> None:
     threading.Thread(target=wait_eof, name="strata-parent-watch", daemon=True).start()
 
 
-def _key_and_edge(opts: EngineOptions) -> dict:
-    """The supervisor's secret (every route) when there is one, else the user's --api-key
+def _server_key(log: Callable[[str], None]) -> str | None:
+    """The key `strata serve` wrote on our stdin (None when run by hand). Read before the
+    stdin watch starts: the watch then sees only the pipe's end."""
+    if os.environ.pop(ENV_HANDSHAKE, None) != HANDSHAKE:  # popped: not inherited by anything we start
+        return None
+    try:
+        key = read_key(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        key = None
+    if key is None:
+        _exit_now(log, "the server that started this engine gave it no key")
+    return key
+
+
+def _key_and_edge(opts: EngineOptions, secret: str | None) -> dict:
+    """The supervisor's key (every route) when there is one, else the user's --api-key
     (every route but /health, as llama-server: probes carry no key)."""
     from strata.server.edge import EdgePolicy
 
-    secret = os.environ.pop(ENV_ENGINE_SECRET, None)  # popped: not inherited by anything we start
     key, exempt = (secret, frozenset()) if secret else (opts.api_key, frozenset({"/health"}))
     edge = EdgePolicy.for_bind(opts.host, api_key=key, key_exempt=exempt, allowed_hosts=opts.allowed_hosts,
                                allowed_origins=opts.allowed_origins)
     return {"api_key": key, "edge": edge}
+
+
+def check_pack(opts: EngineOptions) -> None:
+    """Open a pack named by --pack / --native and check its metadata and tensor shapes (no
+    tensor data is read), and an --mtp draft: a StrataError before the engine says it listens.
+    (The default model needs no check: it is fetched and checked where it is cached.)"""
+    if opts.pack is None and opts.native is None:
+        return
+    from strata.engine.pack_check import check_pack_files
+
+    check_pack_files(opts.pack, opts.native, opts.ple_gguf, opts.mtp)
 
 
 def load_core(opts: EngineOptions, log: Callable[[str], None]):
@@ -113,9 +135,11 @@ class _Loading:
     weights load (numpy, mostly outside the GIL) while FastAPI and the app are built. The core
     starts only once the app is there to take it (`attach_to`)."""
 
-    def __init__(self, opts: EngineOptions, log: Callable[[str], None], loader):
+    def __init__(self, opts: EngineOptions, log: Callable[[str], None], loader, check: bool = True):
+        self._check = check
         self.failure: list[BaseException] = []
         self.core = None
+        self.checked = threading.Event()  # check_pack has passed, or failed (then `failure`)
         self._app_ready = threading.Event()
         self._api = self._app = None
         self._log = log
@@ -129,6 +153,14 @@ class _Loading:
         from strata.server.serving import request_exit
 
         log = self._log
+        try:
+            if self._check:
+                check_pack(opts)
+        except BaseException as e:  # noqa: BLE001 - raised by run_engine, before it says it listens
+            self.failure.append(e)
+            self.checked.set()
+            return
+        self.checked.set()
         try:
             core = loader(opts, log)
         except BaseException as e:  # noqa: BLE001 - reported after the server stops
@@ -155,18 +187,22 @@ class _Loading:
 
 def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loader=load_core) -> int:
     """Serve the API on opts.host:opts.port; `loader(opts, log)` builds the core (on a thread)."""
+    server_key = _server_key(log)
+    supervised = server_key is not None
     watch_parent(log)  # (start-up warnings for flags are printed by the core's loader)
-    supervised = ENV_ENGINE_SECRET in os.environ  # (read before _key_and_edge pops it)
-    key_and_edge = _key_and_edge(opts)
-    loading = _Loading(opts, log, loader)
+    key_and_edge = _key_and_edge(opts, server_key)
+    # (a served engine's pack was checked by the server before it started the engine: config.check_engine_start)
+    loading = _Loading(opts, log, loader, check=not supervised)
 
     from strata.server.app import EngineAPI
     from strata.server.serving import bind, serve
 
     api = EngineAPI(model_name=opts.alias, log=log, max_queued=getattr(opts, "max_queued", None),
                     body_timeout=opts.body_timeout, access_log=not opts.no_access_log,
-                    usage_trailer=supervised, **key_and_edge)
+                    usage_trailer=supervised, expose_slots=opts.slots, **key_and_edge)
     app = api.app
+    if supervised:  # outermost: the server checks who answers before it sends the key
+        app.add_middleware(ChallengeResponder, key=server_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -177,20 +213,29 @@ def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loa
             await loop.run_in_executor(None, loading.core.stop)
 
     app.router.lifespan_context = lifespan
-    try:
-        sock = bind(opts.host, opts.port)
-    except StrataError as e:
-        if supervised:
-            raise PortTaken(e.message) from None
-        raise
+    sock = bind(opts.host, opts.port)
+    loading.checked.wait()
+    if loading.failure:  # the pack cannot load: its one line, and no "listening" before it
+        sock.close()
+        return _failed(loading.failure[0], log)
     host, port = sock.getsockname()[:2]
+    if supervised:  # on stdout, a pipe only the server reads (the port is 0 in our argv)
+        print(port_report(server_key, port), flush=True)
     log(f"strata engine: listening on http://{host}:{port} (loading the model)")
 
-    serve(app, sock, on_signal=lambda: api.begin_drain(ENGINE_DRAIN_S), graceful_timeout_s=ENGINE_DRAIN_S + 5)
+    # Any local process can open connections to the engine's loopback port without its key: the
+    # same header deadline and connection cap as the server's front (its defaults)
+    from strata.server.connections import ACCEPT_BATCH, ConnectionLimits, guarded_protocol
+    serve(app, sock, on_signal=lambda: api.begin_drain(ENGINE_DRAIN_S), graceful_timeout_s=ENGINE_DRAIN_S + 5,
+          http_protocol=guarded_protocol(ConnectionLimits(), log, "strata engine"), backlog=ACCEPT_BATCH)
     if loading.failure:
-        e = loading.failure[0]
-        if isinstance(e, StrataError):
-            raise e
-        log("strata engine: internal error while loading:\n" + "".join(traceback.format_exception(e)).rstrip())
-        return 1
+        return _failed(loading.failure[0], log)
     return 0
+
+
+def _failed(e: BaseException, log: Callable[[str], None]) -> int:
+    """A user error is raised (its one line, exit 2); anything else is logged whole (exit 1)."""
+    if isinstance(e, StrataError):
+        raise e
+    log("strata engine: internal error while loading:\n" + "".join(traceback.format_exception(e)).rstrip())
+    return 1

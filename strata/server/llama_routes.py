@@ -1,19 +1,24 @@
 """llama-server's own routes, with its field names, so its clients work unchanged:
 POST /tokenize, POST /detokenize, GET /props, GET /slots.
 
-They read the loaded core and never queue for a slot: tokenizing is the tokenizer's work alone,
-and /props and /slots only describe the engine. Bodies are parsed as strictly as the generation
+They read the loaded core and never queue for a slot: tokenizing is the tokenizer's work alone
+(bounded in size, done and rendered off the event loop, stopped when its client leaves), and
+/props and /slots only describe the engine. Bodies are parsed as strictly as the generation
 routes' (strict JSON, no unknown fields, every field bounded).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Annotated, Any
 
+from fastapi.responses import Response
 from pydantic import Field
 
 from strata import __version__
 from strata.engine.protocol import SamplingParams
+from strata.server.common import Cancelled, json_answer, json_bytes
+from strata.server.errors import invalid
 from strata.server.schemas import MAX_PROMPT_IDS, Strict, TokenId
 
 if TYPE_CHECKING:
@@ -22,6 +27,10 @@ if TYPE_CHECKING:
 # the order Strata's samplers run in, under llama-server's names (strata/logit_adjust.py, then
 # strata/sampling.py): bias, penalties and grammar first, then temperature and the filters
 SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
+# The most content a /tokenize takes: its answer then has at most this many tokens (+ BOS, EOS),
+# each token rendered with its piece (docs/SERVER.md, "Request limits")
+MAX_TOKENIZE_BYTES = 1 << 20
+RENDER_CHUNK = 1 << 15  # tokens rendered between two looks at the cancel flag
 
 
 class TokenizeRequest(Strict):
@@ -45,17 +54,44 @@ def piece(tokenizer: Any, token_id: int) -> str | list[int]:
         return list(raw)
 
 
-def tokenize(core: Any, req: TokenizeRequest) -> dict[str, Any]:
+def tokenize(cancel: threading.Event, core: Any, req: TokenizeRequest) -> Response:
+    """The answer of POST /tokenize, rendered to bytes here (on the preparer's threads: a
+    million pieces as JSON take seconds, which the event loop must not spend). Its size is
+    bounded before any work: each token holds at least one byte of the content (BOS and EOS
+    aside), so MAX_TOKENIZE_BYTES bounds the tokens. `cancel` (its client left) is looked at
+    between chunks of the work."""
+    n_bytes = len(req.content.encode("utf-8"))
+    if n_bytes > MAX_TOKENIZE_BYTES:
+        raise invalid(f"content: {n_bytes} bytes is more than /tokenize takes ({MAX_TOKENIZE_BYTES} bytes); "
+                      "tokenize a long text in parts", param="content")
     tok = core.tokenizer
     ids = list(tok.encode(req.content, add_special=req.add_special, parse_special=req.parse_special))
-    if req.with_pieces:
-        return {"tokens": [{"id": i, "piece": piece(tok, i)} for i in ids]}
-    return {"tokens": ids}
+    if not req.with_pieces:
+        _stop_if(cancel)
+        return json_answer({"tokens": ids})
+    memo: dict[int, bytes] = {}  # id -> its item's JSON (at most one entry per vocabulary token)
+    parts = [b'{"tokens":[']
+    for start in range(0, len(ids), RENDER_CHUNK):
+        _stop_if(cancel)
+        items = []
+        for i in ids[start:start + RENDER_CHUNK]:
+            item = memo.get(i)
+            if item is None:
+                item = memo[i] = json_bytes({"id": i, "piece": piece(tok, i)})
+            items.append(item)
+        parts.append((b"," if start else b"") + b",".join(items))
+    parts.append(b"]}")
+    return Response(b"".join(parts), media_type="application/json")
 
 
-def detokenize(api: "EngineAPI", core: Any, req: DetokenizeRequest) -> dict[str, Any]:
+def _stop_if(cancel: threading.Event) -> None:
+    if cancel.is_set():
+        raise Cancelled()
+
+
+def detokenize(api: "EngineAPI", core: Any, req: DetokenizeRequest) -> Response:
     api.limits.check_ids(req.tokens, "tokens")  # 400 naming the first id outside the vocabulary
-    return {"content": core.tokenizer.decode(req.tokens)}
+    return json_answer({"content": core.tokenizer.decode(req.tokens)})
 
 
 def generation_settings(p: SamplingParams, n_predict: int) -> dict[str, Any]:

@@ -37,6 +37,7 @@ SEED_LIMIT = 1 << 64  # numpy takes any seed in [0, 2**64) the same way on every
 UNLIMITED = -1  # llama-server's max_tokens / n_predict for "until the context is full"
 MAX_TOOL_CALLS = 128  # per assistant message
 MAX_TOOLS = 128  # per request (OpenAI's limit)
+MAX_CACHE_SALT_CHARS = 1024
 
 TokenId = Annotated[int, Field(ge=0, lt=1 << 63)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
@@ -195,6 +196,8 @@ class _Sampling(Strict):
     repetition_penalty: RepetitionPenalty | None = None
     repeat_last_n: RepeatLastN | None = None
     min_tokens: MinTokens | None = None
+    # vLLM's: prompt KV is reused only between requests with the same salt (docs/SERVER.md, "Prompt reuse")
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
 
     _unlimited = field_validator("max_tokens", mode="before")(lambda cls, v: _unlimited_to_context(v))
 

@@ -44,10 +44,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None] | None):
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None] | None,
+                 on_again: Callable[[int], None] | None = None):
         super().__init__(config)
         self._on_signal = on_signal
+        self._on_again = on_again
         self._signalled = False
+        self._again = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets=None) -> None:
@@ -55,6 +58,10 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
 
     def handle_exit(self, sig, frame) -> None:
+        if self._signalled and self._on_again is not None and not self._again and self._loop is not None:
+            self._again = True  # a second signal: the app ends its requests now (a third: as below)
+            self._loop.call_soon_threadsafe(self._on_again, sig)
+            return
         if self._signalled and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: stop waiting
         if not self._signalled and self._on_signal is not None and self._loop is not None:
@@ -77,12 +84,18 @@ class _Server(uvicorn.Server):
 
 
 def serve(app, sock: socket.socket, *, on_signal: Callable[[], None] | None = None,
-          graceful_timeout_s: float | None = None, log_level: str = "warning") -> None:
+          on_again: Callable[[int], None] | None = None, graceful_timeout_s: float | None = None,
+          log_level: str = "warning", http_protocol: type | None = None, backlog: int = 2048) -> None:
     """Serve until a shutdown signal (or `server.should_exit`); returns after a clean shutdown.
-    `on_signal` runs once on the event loop when the first shutdown signal arrives."""
+    `on_signal` runs once on the event loop when the first shutdown signal arrives, and
+    `on_again(signal number)` once when a second one does (without it a second Ctrl-C stops
+    waiting for running requests). `http_protocol`: uvicorn's HTTP protocol class to use instead
+    of its default (strata.server.connections.guarded_protocol); `backlog`: the listen queue, and
+    how many connections are accepted per wake-up."""
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=graceful_timeout_s, timeout_keep_alive=5)
-    server = _Server(config, on_signal)
+                            timeout_graceful_shutdown=graceful_timeout_s, timeout_keep_alive=5, backlog=backlog,
+                            **({"http": http_protocol} if http_protocol is not None else {}))
+    server = _Server(config, on_signal, on_again)
     app.state.uvicorn_server = server
     server.run(sockets=[sock])
 

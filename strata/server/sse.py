@@ -41,3 +41,39 @@ def error_event(message: str, type_: str = "server_error", code: Any = None) -> 
 
 def error_and_done(message: str, type_: str = "server_error", code: Any = None) -> bytes:
     return error_event(message, type_, code) + DONE
+
+
+class DoneSplitter:
+    """Splits a relayed SSE stream at its `data: [DONE]` event, wherever the reads cut it.
+
+    feed() returns the bytes that may go to the client now. The part of the [DONE] event that
+    has not gone out yet is kept in `held`, and what follows it collects in `after`: a relay
+    sends `held` only once its bookkeeping for the stream is done, because a client (the
+    openai SDK among them) may close the connection the moment it reads [DONE], and whatever
+    the relay would do after that write could be cut short. (An event's JSON holds no raw
+    newline, so only the real end matches.)"""
+
+    def __init__(self):
+        self.tail = b""  # the last bytes passed on, fewer than the marker's length
+        self.held = b""
+        self.after: bytes | None = None
+
+    @property
+    def done(self) -> bool:
+        """[DONE] has been read (its bytes are passed on or held)."""
+        return self.after is not None
+
+    def feed(self, data: bytes) -> bytes:
+        if self.after is not None:
+            self.after += data
+            return b""
+        window = self.tail + data
+        at = window.find(DONE)
+        if at < 0:
+            self.tail = window[-(len(DONE) - 1):]
+            return data
+        cut = at + len(DONE) - len(self.tail)  # > 0: the marker was not all in the tail
+        self.after = data[cut:]
+        start = max(0, at - len(self.tail))  # where the marker begins in data (0: in an earlier read)
+        self.held = data[start:cut]
+        return data[:start]

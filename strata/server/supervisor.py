@@ -1,7 +1,10 @@
 """`strata serve`: run the engine as a child process and proxy the API to it.
 
 Life cycle of the engine child:
-- started when the server starts; /health is 503 until the child's /health says ok;
+- started when the server starts, with a new key on its stdin; it binds a free port and reports
+  it on its stdout; nothing is sent before that report, and each connection first has the child
+  prove it holds its key (strata/server/child_handshake.py); /health is 503 until the child's
+  /health says ok;
 - the first child exiting with code 2 before it is ready is a user error (bad pack, bad flag:
   the child's `strata: <reason>` line): the server stops with that line and exit code 2, since
   no restart can mend it (most such errors are caught before the spawn: config.check_engine_start);
@@ -9,10 +12,12 @@ Life cycle of the engine child:
   user error on a restart after an engine had served) makes requests fail with 503 and that
   reason; the next start waits out a growing back-off (1 s, 2 s, 4 s ... 60 s), so nothing spins;
 - a child that dies while serving: requests it was running end with 503 ("stopped
-  unexpectedly"), requests queued here end with 503 ("was not sent"); the next request
-  starts a new child;
-- SIGTERM/SIGINT of the server: stop accepting, let running requests finish (up to
-  `shutdown_timeout`, then end them cleanly), stop the child, exit 0.
+  unexpectedly"), requests queued here end with 503 ("was not sent");
+- the supervisor starts the next child itself (at once after a crash, after the back-off after
+  a failed start), or a request does if it comes first;
+- SIGTERM/SIGINT of the server: stop accepting, say what is waited for, let running requests
+  finish (up to `shutdown_timeout`, then end them cleanly), stop the child, exit 0; a second
+  signal ends them all at once, cleanly, and exits with 128 + its number (strata.server.shutdown).
 
 The queue lives here: at most `parallel` requests are sent to the child at once, at most
 `max_queued` wait; more get 429.
@@ -22,8 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
-import secrets
 import signal
 import sys
 import threading
@@ -39,19 +44,26 @@ from strata.server import sse
 from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, first_of, install_error_handlers, read_body,
                                   wait_for_disconnect)
 from strata.server.config import ServerConfig
+from strata.server.connections import ACCEPT_BATCH, ConnectionLimits, guarded_protocol
 from strata.server.edge import EdgeMiddleware, EdgePolicy
 from strata.server.app import ACCESS_KEY, USAGE_TRAILER, USAGE_TRAILER_HEADER, AccessLog, AccessRecord
 from strata.server.engine_client import EngineClient, EngineUnreachable, Reply
-from strata.server.engine_launch import Launched, engine_argv, engine_command, free_port, launch
+from strata.server.child_handshake import parse_port_report
+from strata.server.engine_launch import Launched, engine_argv, engine_command, launch
 from strata.server.errors import APIError, invalid
 from strata.server.metrics import CONTENT_TYPE, ServerMetrics
 from strata.server.embeddings import EmbeddingRequest
 from strata.server.llama_routes import DetokenizeRequest, TokenizeRequest
 from strata.server.schemas import REQUEST_MODELS, parse_request
 from strata.server.serving import bind, request_exit, serve
+from strata.server.shutdown import ServeShutdown
 from strata.server.upstream import UpstreamReader
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits after the 1st, 2nd, ... failed start
+# A ready engine that dies sooner than this after it became ready is a quick death: the first is
+# restarted at once, those in a row after it wait out BACKOFF_S as failed starts do, so an engine
+# that dies at every start does not reload its model in a loop
+STABLE_S = 60.0
 STOP_GRACE_S = 10.0  # how long a stopping engine may take before it is killed
 HEALTH_POLL_S = 0.1
 # A ready engine's /health is asked every WATCH_POLL_S. Its event loop never runs windows, so a
@@ -72,8 +84,8 @@ ADMITTED: dict[str, type] = {**REQUEST_MODELS, "/v1/embeddings": EmbeddingReques
 # routes answered by the engine at once, without a slot: checked here, then passed on
 PASSED: dict[str, type] = {"/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 
-DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); the next request restarts it"
-WAITED_MESSAGE = "the engine stopped while this request waited; it was not sent; the next request restarts it"
+DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); it is being restarted"
+WAITED_MESSAGE = "the engine stopped while this request waited; it was not sent; the engine is being restarted"
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
 
 
@@ -97,13 +109,18 @@ class EngineChild:
 
     def __init__(self, launched: Launched, parallel: int, log: Callable[[str], None],
                  loop: asyncio.AbstractEventLoop):
-        self.port = port = launched.port
-        self.url = f"http://127.0.0.1:{port}"
+        # the port the child bound and reported on its stdout, with proof that it holds its key
+        # (strata/server/child_handshake.py); nothing is sent to it before
+        self.key = launched.key
+        self.port: int | None = None
+        self.url = ""
+        self.reported = asyncio.Event()
         self.log = log
         self.loop = loop
         self.exited = asyncio.Event()
         self.exit_code: int | None = None
         self.is_ready = False
+        self.ready_at = 0.0
         self.reason: str | None = None  # the child's last `strata: <reason>` line
         self.unhealthy: str | None = None  # why it is being restarted while it still runs (Supervisor._watch)
         self.last_line = ""
@@ -127,9 +144,15 @@ class EngineChild:
         return self.exit_code is None
 
     def _pipe(self, stream) -> None:
-        """Forward the child's output to our log line by line; remember its error line."""
+        """Forward the child's output to our log line by line; remember its error line; take
+        the first genuine port report from its stdout (not logged: it holds a proof)."""
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if stream is self.proc.stdout and self.port is None and (port := parse_port_report(line, self.key)):
+                self.port = port
+                with contextlib.suppress(RuntimeError):  # loop already closed: the server is gone
+                    self.loop.call_soon_threadsafe(self._on_port, port)
+                continue
             if line.startswith("strata: ") and not line.startswith("strata: warning:"):
                 self.reason = line[len("strata: "):]
             if line.strip():
@@ -143,6 +166,10 @@ class EngineChild:
             t.join(timeout=2.0)
         with contextlib.suppress(RuntimeError):  # loop already closed: the server is gone
             self.loop.call_soon_threadsafe(self._on_exit, code)
+
+    def _on_port(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.reported.set()
 
     def _on_exit(self, code: int) -> None:
         self.exit_code = code
@@ -195,6 +222,7 @@ class Supervisor:
         self.drain = Drain()
         self.child: EngineChild | None = None
         self.failures = 0
+        self.quick_deaths = 0  # ready engines in a row that died within STABLE_S
         self.retry_at = 0.0
         self.last_failure: str | None = None
         self.outstanding = 0  # admitted requests: waiting here or running in the engine
@@ -204,34 +232,33 @@ class Supervisor:
         self.ever_ready = False  # some engine child became ready: later start failures are retried
         self.fatal: StrataError | None = None  # the first engine's user error: the server stops with it
         self.on_fatal: Callable[[], None] = lambda: None  # stops the server (run_server sets it)
-        # the key of every engine child (strata.server.engine_process.ENV_ENGINE_SECRET);
-        # the client below sends it on every call to the child
-        self.engine_secret = first.secret if first is not None else secrets.token_urlsafe(32)
+        self.stopping = False  # stop() has begun: the monitor starts no engine
+        self.stop_grace_s = STOP_GRACE_S  # how long stop() waits for the engine (less after "stop now")
         self._first = first
 
-    def engine_argv(self, port: int) -> list[str]:
-        return engine_argv(self.command, self.cfg.args, self.parallel, port, self.cfg.model)
+    def engine_argv(self) -> list[str]:
+        return engine_argv(self.command, self.cfg.args, self.parallel, self.cfg.model)
 
     # ------------------------------------------------------------ starting and stopping
     async def start(self) -> None:
-        self.client = EngineClient(headers={"authorization": f"Bearer {self.engine_secret}"})
+        # each child's key goes only to the port that child reported (EngineChild.reported)
+        self.client = EngineClient(admitted_only=True)
         async with self._lock:
             self._spawn()
 
     def _spawn(self) -> EngineChild:
+        """A new engine child, with a new key (engine_launch.launch)."""
         launched, self._first = self._first, None
         if launched is None:
-            port = free_port()
-            launched = launch(self.engine_argv(port), port, self.engine_secret)
+            launched = launch(self.engine_argv())
         launched.adopted = True
-        port = launched.port
         if self._starts:
             self.metrics.engine_restarts.inc()
             self.log("strata serve: restarting the engine")
         self._starts += 1
         self.metrics.engine_starts.inc()
         child = EngineChild(launched, self.parallel, self.log, asyncio.get_running_loop())
-        self.log(f"strata serve: engine pid {child.pid} starting on port {port}")
+        self.log(f"strata serve: engine pid {child.pid} starting")
         self.child = child
         asyncio.get_running_loop().create_task(self._watch(child))
         return child
@@ -239,18 +266,28 @@ class Supervisor:
     async def _watch(self, child: EngineChild) -> None:
         """Wait for the child to become ready (or fail), then watch its health until it exits."""
         deadline = child.started_at + self.cfg.startup_timeout
+        admitted = False
         while child.alive and not child.ready.done():
             if time.monotonic() > deadline:
                 child.kill()
                 await child.wait_exit(STOP_GRACE_S)
                 self._start_failed(child, f"the engine did not become ready within {self.cfg.startup_timeout:g} s")
                 break
+            if not child.reported.is_set():  # nothing goes to the child before it reported its port
+                await first_of(child.reported.wait(), {"exited": child.exited}, HEALTH_POLL_S)
+                continue
+            if not admitted:
+                admitted = True
+                self.client.admit("127.0.0.1", child.port, child.key)
+                self.log(f"strata serve: engine pid {child.pid} listens on port {child.port}")
             try:
                 r = await self.client.get(child.url + "/health", timeout=2.0)
                 if r.status_code == 200:
                     child.is_ready = True
+                    child.ready_at = time.monotonic()
                     self.ever_ready = True
                     self.failures = 0
+                    self.last_failure = None  # (/health no longer shows why an earlier start failed)
                     self.metrics.engine_up.set(1)
                     child.ready.set_result(child)
                     self.log(f"strata serve: engine ready (pid {child.pid})")
@@ -262,6 +299,8 @@ class Supervisor:
         if child.is_ready:
             await self._until_unhealthy(child)
         await child.exited.wait()
+        if child.port is not None:
+            self.client.forget("127.0.0.1", child.port)
         self.metrics.engine_up.set(0)
         if not child.ready.done() and child.exit_code == USER_ERROR_EXIT and not self.ever_ready \
                 and not self.drain.draining:
@@ -276,12 +315,35 @@ class Supervisor:
             self.log(f"strata serve: {DIED_MESSAGE.format(code=child.exit_code)}")
         else:
             self.metrics.engine_exits.labels("stopped").inc()
+        if child.ready.done() and child.is_ready:
+            self._after_death(child)
+        await self._restart_when_due(child)
+
+    def _after_death(self, child: EngineChild) -> None:
+        """When the monitor may start the next engine after a ready one died (STABLE_S)."""
+        quick = time.monotonic() - child.ready_at < STABLE_S
+        self.quick_deaths = self.quick_deaths + 1 if quick else 0
+        if self.quick_deaths >= 2:
+            self.retry_at = time.monotonic() + BACKOFF_S[min(self.quick_deaths - 2, len(BACKOFF_S) - 1)]
+
+    async def _restart_when_due(self, child: EngineChild) -> None:
+        """Start the next engine without waiting for a request (a load balancer that sends
+        requests only to a healthy backend would never send the one that restarts it): at once
+        after a crash, after the back-off after a failed start."""
+        while not (self.drain.draining or self.stopping or self.fatal is not None):
+            wait = self.retry_at - time.monotonic()
+            if wait <= 0:
+                async with self._lock:
+                    if self.child is child and not (self.drain.draining or self.stopping or self.fatal is not None):
+                        self._spawn()
+                return
+            await asyncio.sleep(min(wait, 1.0))  # (a shutdown meanwhile is seen within a second)
 
     async def _until_unhealthy(self, child: EngineChild) -> None:
         """Poll a ready child's /health until it exits; kill it when it says it is unhealthy (a
         dead scheduler, a window past its watchdog) or stops answering (stopped, hung). Its
-        running requests then end as after any crash (503 engine_stopped), and the next request
-        starts a new engine."""
+        running requests then end as after any crash (503 engine_stopped), and a new engine is
+        started (_restart_when_due)."""
         misses = 0
         while child.alive:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -328,11 +390,12 @@ class Supervisor:
         self.on_fatal()
 
     async def stop(self) -> None:
+        self.stopping = True
         child = self.child
         if child is not None and child.alive:
             self.log(f"strata serve: stopping the engine (pid {child.pid})")
             child.stop_gracefully()
-            if not await child.wait_exit(STOP_GRACE_S):
+            if not await child.wait_exit(self.stop_grace_s):
                 child.kill()
                 await child.wait_exit(STOP_GRACE_S)
         if child is not None:
@@ -368,8 +431,13 @@ class Supervisor:
             return 200, {"status": "ok"}
         elif child is not None and child.alive:
             state, why = "loading", "the engine is starting"
+        elif self.last_failure is not None:
+            left = max(0.0, self.retry_at - time.monotonic())
+            state, why = "unavailable", f"{self.last_failure} (next attempt in {left:.0f} s)"
         else:
-            state, why = "unavailable", self.last_failure or "the engine is not running; the next request starts it"
+            left = self.retry_at - time.monotonic()
+            state, why = "unavailable", ("the engine stopped; it is being restarted" if left <= 0 else
+                                         f"the engine stopped; it is started again in {math.ceil(left)} s")
         body = EngineUnavailable(why, code=state).body()
         body["status"] = state
         return 503, body
@@ -532,11 +600,13 @@ class ServeApp:
         """Pass the engine's SSE bytes through as they come, unparsed (what arrived since the last
         write goes out as one chunk); if the engine dies or time runs out, end the stream with an
         error event and [DONE]. What the engine sends after its [DONE] (the usage trailer this
-        proxy asked for: app.usage_trailer) is kept back and read into `rec`."""
+        proxy asked for: app.usage_trailer) is kept back and read into `rec`. The stream is
+        counted, and `rec` filled, before [DONE] goes out: a client may leave as soon as it
+        reads it."""
         sup = self.sup
         at_boundary = True  # the bytes sent so far end between two events
-        done_tail = _DoneSplitter()
-        outcome_label = "ok"
+        done_tail = sse.DoneSplitter()
+        outcome_label: str | None = "ok"  # None once counted: [DONE] is on its way to the client
         reader = UpstreamReader(resp.aiter_raw())
         # one watcher and one timer for the whole stream, not a race per chunk
         shutdown = asyncio.ensure_future(sup.drain.expired.wait())
@@ -551,11 +621,18 @@ class ServeApp:
                     if value:
                         at_boundary = value.endswith(b"\n\n")
                         yield value
-                    continue
-                if what == "end":
+                    # past [DONE], only the usage trailer (when asked for) is still awaited
+                    if not done_tail.done or (rec is not None and not USAGE_TRAILER.search(done_tail.after)):
+                        continue
+                if done_tail.done:  # the engine finished the stream, whatever ended the read after it
                     m = USAGE_TRAILER.search(done_tail.after or b"")
                     if rec is not None and m is not None:
                         rec.set(int(m[1]), int(m[2]))
+                    sup.metrics.requests.labels(outcome_label).inc()
+                    outcome_label = None
+                    yield done_tail.held
+                    return
+                if what == "end":
                     break
                 if what == "error":
                     if not isinstance(value, EngineUnreachable):
@@ -564,18 +641,21 @@ class ServeApp:
                 else:
                     err = (APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
                            if value == "shutdown" else self._timed_out())
-                outcome_label = err.code
+                sup.metrics.requests.labels(err.code).inc()
+                outcome_label = None
                 yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
                 return
         except asyncio.CancelledError:
-            outcome_label = "client_gone"
+            if outcome_label is not None:  # (a client that leaves after [DONE] was served)
+                outcome_label = "client_gone"
             raise
         finally:
             shutdown.cancel()
             if timer is not None:
                 timer.cancel()
             reader.close()
-            sup.metrics.requests.labels(outcome_label).inc()
+            if outcome_label is not None:
+                sup.metrics.requests.labels(outcome_label).inc()
             await cleanup()
 
     async def _proxy_get(self, request: Request, path: str) -> Response:
@@ -701,29 +781,6 @@ def _last_match(pattern: re.Pattern, body: bytes) -> re.Match | None:
     return found
 
 
-class _DoneSplitter:
-    """Splits a relayed SSE stream at the end of its `data: [DONE]` event, wherever the reads
-    cut it: feed() returns the bytes for the client, and what follows [DONE] collects in
-    `after`. (An event's JSON holds no raw newline, so only the real end matches.)"""
-
-    def __init__(self):
-        self.tail = b""  # the last bytes passed on, fewer than the marker's length
-        self.after: bytes | None = None
-
-    def feed(self, data: bytes) -> bytes:
-        if self.after is not None:
-            self.after += data
-            return b""
-        window = self.tail + data
-        at = window.find(sse.DONE)
-        if at < 0:
-            self.tail = window[-(len(sse.DONE) - 1):]
-            return data
-        cut = at + len(sse.DONE) - len(self.tail)  # > 0: the marker was not all in the tail
-        self.after = data[cut:]
-        return data[:cut]
-
-
 class _ClientGone(Exception):
     """The client disconnected before its answer began."""
 
@@ -735,8 +792,9 @@ async def _set_when_gone(request: Request, gone: asyncio.Event) -> None:
 
 def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, command: list[str] | None = None,
                first: Launched | None = None) -> int:
-    """Serve until a signal (exit 0), or until the first engine refuses its pack or flags: then
-    that one line as a StrataError (exit 2). `first`: the first engine, already started."""
+    """Serve until a signal (exit 0; a second signal stops at once: 128 + its number), or until
+    the first engine refuses its pack or flags: then that one line as a StrataError (exit 2).
+    `first`: the first engine, already started."""
     sup = Supervisor(cfg, log, command, first)
     app = ServeApp(sup).app
     sup.on_fatal = lambda: request_exit(app)
@@ -744,8 +802,11 @@ def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, comma
     host, port = sock.getsockname()[:2]
     log(f"strata serve: listening on http://{host}:{port} ({sup.parallel} slot(s), queue bound {cfg.max_queued})")
 
-    serve(app, sock, on_signal=lambda: sup.drain.begin(cfg.shutdown_timeout), graceful_timeout_s=cfg.shutdown_timeout + 5)
+    shutdown = ServeShutdown(sup, app, cfg.shutdown_timeout, log)
+    protocol = guarded_protocol(ConnectionLimits(cfg.header_timeout, cfg.max_connections), log, "strata serve")
+    serve(app, sock, on_signal=shutdown.first, on_again=shutdown.again, graceful_timeout_s=cfg.shutdown_timeout + 5,
+          http_protocol=protocol, backlog=ACCEPT_BATCH)
     if sup.fatal is not None:
         raise sup.fatal
     log("strata serve: stopped")
-    return 0
+    return shutdown.exit_code

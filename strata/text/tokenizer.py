@@ -252,6 +252,51 @@ def _build_llama(vocab: Vocab) -> _Built:
 BUILDERS: dict[str, Callable[[Vocab], _Built]] = {"gpt2": _build_gpt2, "llama": _build_llama}
 
 
+TRIE_MAX_CHARS = 200  # special-token texts are a few dozen characters
+
+
+def _literal_pattern(texts: list[str]) -> "re.Pattern[str]":
+    """A regex finding any of `texts`, leftmost-longest. Written as a trie (one branch per next
+    character, a shorter text's end tried last), so a search tests each position against the few
+    texts that can still match there: a plain alternation of 256 texts that share a prefix costs
+    ~1 s on a megabyte that repeats it. A vocabulary with a text longer than TRIE_MAX_CHARS
+    (a trie that deep would nest past the regex compiler's depth) gets the plain alternation,
+    longest first: the same matches."""
+    alternation = "|".join(map(re.escape, sorted(texts, key=len, reverse=True)))
+    if max(map(len, texts)) > TRIE_MAX_CHARS:
+        return re.compile(alternation)
+    try:
+        return re.compile(_trie_regex(_trie(texts)))
+    except (RecursionError, re.error, OverflowError):
+        return re.compile(alternation)
+
+
+def _trie(texts: list[str]) -> dict:
+    root: dict = {}
+    for text in texts:
+        node = root
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = True  # a text ends here
+    return root
+
+
+def _trie_regex(node: dict) -> str:
+    branches = []
+    for ch, child in sorted((c, n) for c, n in node.items() if c):
+        run = ch  # a chain of single children without an end is one literal
+        while "" not in child and len(child) == 1:
+            (ch, child), = child.items()
+            run += ch
+        branches.append(re.escape(run) + _trie_regex(child))
+    if not branches:
+        return ""
+    group = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    if "" in node:  # a text ends here: the longer ones are tried first (a greedy optional group)
+        return f"(?:{group})?"
+    return group
+
+
 class Tokenizer:
     """Encode text to ids and ids to bytes/text, exactly as llama.cpp does for the model."""
 
@@ -268,6 +313,9 @@ class Tokenizer:
         self._hf_plain: HFTokenizer | None = None  # specials not parsed; built on first use
         self._plain_lock = threading.Lock()
         self._bytes: list[bytes | None] = [None] * len(vocab.tokens)
+        # control/unknown token text -> id (duplicates: the last id, as _id_map), and its regex
+        self._special_ids = {t: i for i, (t, ty) in enumerate(zip(vocab.tokens, vocab.types)) if ty in SPECIAL_TYPES}
+        self._special_re: "re.Pattern[str] | bool | None" = None
         self.add_bos = built.add_bos_default if vocab.add_bos is None else vocab.add_bos
         self.add_eos = vocab.add_eos
         self.eog_ids: set[int] = self._eog_ids()
@@ -356,12 +404,50 @@ class Tokenizer:
         # encode_batch, not encode: it releases the GIL while it works (encode holds it, ~1.5 s
         # per MB), so a big prompt tokenized on a server thread does not stop its event loop
         ids = hf.encode_batch([text], add_special_tokens=False)[0].ids
-        if add_special:
-            if self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
-                ids.insert(0, self.bos_id)
-            if self.add_eos and self.eos_id is not None:
-                ids.append(self.eos_id)
+        return self._framed(ids) if add_special else ids
+
+    def _framed(self, ids: list[int]) -> list[int]:
+        """BOS (and EOS) added as the vocabulary asks, never a second BOS."""
+        if self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids.insert(0, self.bos_id)
+        if self.add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
         return ids
+
+    @property
+    def special_pattern(self) -> "re.Pattern[str] | None":
+        """A regex matching the text of any control/unknown token, leftmost-longest as the
+        tokenizer matches them (longer texts first); None when the vocabulary has none."""
+        if self._special_re is None:
+            self._special_re = _literal_pattern(list(self._special_ids)) if self._special_ids else False
+        return self._special_re or None
+
+    def encode_parts(self, parts: Iterable[tuple[str, bool]], add_special: bool = False) -> list[int]:
+        """Token ids of the parts' texts joined, where a part's flag says whether its special
+        tokens are parsed (a chat template's text) or are plain text (what a user wrote). Text
+        between two special tokens is tokenized in one piece whatever parts it spans, so
+        with every flag on this is encode() of the joined text."""
+        pattern = self.special_pattern
+        pieces: list[int | str] = []  # special ids and the runs of text between them
+        run: list[str] = []
+        for text, parse in parts:
+            refuse_lone_surrogates(text, "text to tokenize")
+            at = 0
+            for m in (pattern.finditer(text) if parse and pattern is not None else ()):
+                run.append(text[at : m.start()])
+                pieces += ["".join(run), self._special_ids[m.group()]]
+                run, at = [], m.end()
+            run.append(text[at:])
+        pieces.append("".join(run))
+        runs = [p for p in pieces if isinstance(p, str) and p]
+        encoded = iter(self._plain().encode_batch(runs, add_special_tokens=False) if runs else [])
+        ids: list[int] = []
+        for p in pieces:
+            if isinstance(p, int):
+                ids.append(p)
+            elif p:
+                ids += next(encoded).ids
+        return self._framed(ids) if add_special else ids
 
     def pretokenize(self, text: str) -> list[str]:
         """The words BPE sees, as text (for debugging a `pre` choice; no special tokens)."""

@@ -58,11 +58,11 @@ def wait_until(cond, timeout: float, step: float = 0.05) -> bool:
 class StrataProcess:
     """`python -m strata.cli.main <command> ...` with its output collected line by line."""
 
-    def __init__(self, command: str, args: list[str], cwd: Path | None = None):
+    def __init__(self, command: str, args: list[str], cwd: Path | None = None, python_flags: tuple[str, ...] = ()):
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen([sys.executable, "-m", "strata.cli.main", command, *args],
+        self.proc = subprocess.Popen([sys.executable, *python_flags, "-m", "strata.cli.main", command, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd or ROOT, env=env)
         self.lines: list[str] = []
         self._cv = threading.Condition()

@@ -1,13 +1,15 @@
 """One `strata serve` (its engine child, the test model on the CPU) shared by the end-to-end
 modules whose tests need only "a server with the key, two slots and a context of N_CTX":
 tests/test_server_hostile.py, test_server_openai.py, test_server_routes.py,
-test_server_sampling_fields.py and test_server_tools.py. Each used to start its own of nearly
+test_server_sampling_fields.py, test_server_tools.py, test_cache_scope.py,
+test_content_specials.py and test_route_privacy.py. Each used to start its own of nearly
 the same config (~4 s each, and the first generation on a new engine is slower again).
 
 None of their tests depends on being alone on it: none restarts or stops the engine or changes
-a setting; the /metrics checks are lower bounds, never counts from zero; the two that look at
-the slots (test_server_routes' /slots, test_server_openai's disconnect) wait for them to be
-idle, and every other test's requests have ended when it returns (modules run one at a time);
+a setting; the /metrics checks are lower bounds, never counts from zero; those that look at
+the slots (test_server_routes' and test_route_privacy's /slots, test_server_openai's
+disconnect) wait for them to be idle, and every other test's requests have ended when it
+returns (modules run one at a time); test_cache_scope's prompts carry a tag of their own run;
 the prompt that test_server_sampling_fields expects to find uncached is its own; log lines are
 looked for after the requests that write them (test_server_routes' access lines,
 test_server_hostile's "internal error"); test_server_openai's check of the config's warning

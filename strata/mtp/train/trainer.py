@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from strata.errors import StrataError
+from strata.gguf.out_path import out_file
 from strata.mtp.draft import VOCAB_TENSOR
 from strata.mtp.train.collect import Sequence, answer_modes, generate, prefill_text
 from strata.mtp.train.export import write_draft
@@ -551,6 +552,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
     engine = resolve_engine(cfg.engine)
     if cfg.device not in ("cpu", "cuda"):
         raise StrataError(f"--device {cfg.device}: expected cpu or cuda")
+    out_file(cfg.out, "--out")  # a bad --out fails now, not after the data and the training
     if engine == "torch":
         torch = _torch()
         torch.manual_seed(cfg.seed)
@@ -592,9 +594,12 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> Path:
         log(f"strata mtp train: draft vocabulary: {extra['vocabulary']}")
     from strata.mtp.defaults import target_fingerprint
 
-    out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
-                      name=f"{mc.name} MTP draft", extra_metadata=extra, vocab=vocab,
-                      target_fingerprint=target_fingerprint(core.pack))
+    try:
+        out = write_draft(cfg.out, weights, target_arch=mc.arch, n_embd=mc.n_embd,
+                          name=f"{mc.name} MTP draft", extra_metadata=extra, vocab=vocab,
+                          target_fingerprint=target_fingerprint(core.pack))
+    except OSError as e:  # the disk filled or the folder went away while training
+        raise StrataError(f"--out {cfg.out}: cannot write the draft: {e.strerror}") from None
     log(f"strata mtp train: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): {how}")
     if cfg.measure:
         from strata.mtp.train.measure import load_core, run_prompts

@@ -17,6 +17,7 @@ from typing import Iterable
 import numpy as np
 
 from strata.gguf.constants import ValueType as V
+from strata.gguf.out_path import out_file
 from strata.gguf.reader import GGUFFile
 from strata.gguf.writer import write_gguf
 from strata.kernels.ggml_types import BY_NAME
@@ -80,6 +81,7 @@ def vocab_from_answers(args, log=print) -> Path:
     from strata.mtp.train.trainer import TrainConfig, collect_data, load_target
 
     GGUFFile(args.draft).close()  # a missing or broken draft fails before any work
+    out_file(args.out, "--out")  # and so does a bad --out
     inner = log
     log = lambda line: inner(line.replace("strata mtp train:", "strata mtp vocab:", 1))  # noqa: E731 (shared stages)
     core = load_target(args.pack, log, args.device)
