@@ -64,7 +64,7 @@ def server(tmp_path_factory):
 
 def logged(p: StrataProcess, start: int, method: str, path: str, status: int, who: str = "strata serve"):
     """(in, out) of the access line for this request, once it is written."""
-    m = p.wait_line(LINE.format(who=who, method=method, path=re.escape(path), status=status), 20, start)
+    m = p.wait_line(LINE.format(who=who, method=method, path=re.escape(path), status=status), 60, start)  # (a hang guard)
     return m.group(1), m.group(2)
 
 

@@ -128,7 +128,7 @@ def test_an_engine_that_had_served_is_restarted_with_back_off(tmp_path, early):
         p.wait_healthy()
         link.unlink()
         os.kill(p.engine_pids()[0], signal.SIGKILL)
-        assert wait_until(lambda: HTTP.get(p.url + "/health", timeout=5).status_code == 503, 15)
+        assert wait_until(lambda: HTTP.get(p.url + "/health", timeout=5).status_code == 503, 60)  # (a hang guard)
         r = HTTP.post(p.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_start_failed"
         assert f"pack {link}: no such file or directory" in r.json()["error"]["message"]

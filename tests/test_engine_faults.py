@@ -20,20 +20,20 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import pytest
 
 from strata.server.supervisor import DIED_MESSAGE, WATCH_ANSWER_S, WATCH_MISSES
 from support.early import Early, selected
-from support.server_proc import HTTP, spawn_serve, wait_until
-from test_server_supervision import StreamReader
+from support.server_proc import HTTP, metric, spawn_serve, wait_until
+from support.together import IN_FLIGHT, send_together
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
-# the neighbour: greedy, long enough to be streaming while the faulty request comes and goes.
-# Measured on the 2-core machine, quiet and loaded: it streams ~5 tokens while the first test's
-# two failing requests come and go, 1-5 while a template spins beside it (the render holds the
-# GIL); both tests assert that it is still streaming then. 64 leaves a margin of 10x.
+# the neighbour: greedy, deaf to end-of-sequence. It reaches the engine together with the faulty
+# request (support/together.py) and runs 64 tokens: far longer than the engine takes to read the
+# other request, and than a template spins beside it (1-5 of its tokens: the render holds the GIL)
 NEIGHBOUR = {"prompt": "Write a long story about a cat.", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
 SHORT = {"prompt": "Hi", "max_tokens": 2}
 WATCHDOG_S = 2.0
@@ -103,32 +103,42 @@ def sse_error(events: list[str]) -> dict:
     return json.loads(events[-2])["error"]
 
 
-def start_neighbour(server) -> StreamReader:
-    stream = StreamReader(server.url, NEIGHBOUR)
-    stream.start()
-    assert stream.first.wait(60) and stream.status == 200, "the neighbour never streamed"
-    return stream
+def read_stream(url: str, body: dict) -> list[str]:
+    """A completions stream read to its end: its events' data."""
+    with HTTP.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        return [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+
+
+def answer(url: str, body: dict) -> tuple[int, list[str] | dict]:
+    """A completions request's status and its stream's events (200) or its JSON body."""
+    with HTTP.stream("POST", url, json=body, timeout=120) as r:
+        if r.status_code == 200 and body.get("stream"):
+            return 200, [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        r.read()
+        return r.status_code, r.json()
 
 
 def test_one_requests_window_failure_ends_only_that_request(raising):
+    """Two requests reach the engine together (support/together.py): the one in slot 1 ends
+    (its window raises), the other goes on with the tokens it has alone; plain, then streamed."""
     url = raising.url + "/v1/completions"
     alone = HTTP.post(url, json=NEIGHBOUR, timeout=120)  # slot 0, nobody beside it
     assert alone.status_code == 200
-    stream = start_neighbour(raising)  # slot 0
-    plain = HTTP.post(url, json=SHORT, timeout=60)  # slot 1: its window raises
-    assert plain.status_code == 500, plain.text
-    err = plain.json()["error"]
+    want = alone.json()["choices"][0]["text"]
+    answers = send_together(raising, [lambda: HTTP.post(url, json=NEIGHBOUR, timeout=120)] * 2)
+    failed, served = sorted(answers, key=lambda r: r.status_code == 200)
+    assert (failed.status_code, served.status_code) == (500, 200), (failed.text, served.text)
+    err = failed.json()["error"]
     assert err["type"] == "server_error" and err["code"] == "internal_error"
     assert "injected fault at window-raise for slot 1" in err["message"]
-    with HTTP.stream("POST", url, json={**SHORT, "stream": True}, timeout=60) as r:  # slot 1 again, streamed
-        events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
-    err = sse_error(events)
+    assert served.json()["choices"][0]["finish_reason"] == "length"
+    assert served.json()["choices"][0]["text"] == want  # the tokens it has alone
+    streams = send_together(raising, [lambda: read_stream(url, NEIGHBOUR)] * 2)
+    failed, served = sorted(streams, key=lambda events: "error" not in json.loads(events[-2]))
+    err = sse_error(failed)
     assert err["code"] == "internal_error" and "window-raise for slot 1" in err["message"]
-    assert stream.is_alive(), "the neighbour ended before the failing requests shared its windows"
-    stream.join(120)
-    text, reason = streamed_text(stream.events)
-    assert stream.events[-1] == "[DONE]" and reason == "length"
-    assert text == alone.json()["choices"][0]["text"]  # the tokens it has alone
+    assert served[-1] == "[DONE]" and streamed_text(served) == (want, "length")
     again = HTTP.post(url, json=SHORT, timeout=60)  # slot 0: served
     assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] == "length"
     assert HTTP.get(raising.url + "/health", timeout=10).status_code == 200
@@ -137,38 +147,50 @@ def test_one_requests_window_failure_ends_only_that_request(raising):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP is POSIX")
 def test_a_stopped_engine_is_restarted(raising):
-    stream = start_neighbour(raising)
+    """The engine stopped (SIGSTOP) with a request in its hands: /health no longer answers, the
+    engine is restarted, the request ends with engine_stopped and the new engine serves."""
+    url = raising.url + "/v1/completions"
     pid = raising.engine_pids()[-1]
     mark = len(raising.lines)
-    os.kill(pid, signal.SIGSTOP)
+    in_flight = metric(raising.url, IN_FLIGHT)
+    got: list = []
+    os.kill(pid, signal.SIGSTOP)  # first: the request below cannot end before the engine stops
     try:
+        waiting = threading.Thread(target=lambda: got.append(answer(url, {**NEIGHBOUR, "stream": True})), daemon=True)
+        waiting.start()
+        assert wait_until(lambda: metric(raising.url, IN_FLIGHT) == in_flight + 1, 60, 0.1)
         raising.wait_line(r"strata serve: the engine is unhealthy \(its /health did not answer within "
                           rf"{WATCH_ANSWER_S:g} s, {WATCH_MISSES} times in a row\); restarting it",
-                          timeout=30, start=mark)
+                          timeout=60, start=mark)
     finally:
         os.kill(pid, signal.SIGCONT)  # (a no-op on the killed process; lets it go if the test failed)
-    stream.join(60)
-    err = sse_error(stream.events)
-    assert err["code"] == "engine_stopped" and err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL)
-    r = HTTP.post(raising.url + "/v1/completions", json=SHORT, timeout=120)  # a new engine serves it
+    waiting.join(60)
+    status, body = got[0]
+    assert status == 503 and body["error"]["code"] == "engine_stopped", body
+    assert body["error"]["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL)
+    r = HTTP.post(url, json=SHORT, timeout=120)  # a new engine serves it
     assert r.status_code == 200, r.text
     assert raising.engine_pids()[-1] != pid
 
 
 def test_a_hung_window_trips_the_watchdog_and_the_engine_is_restarted(hanging):
+    """Two requests reach the engine together (support/together.py), one streamed: the window of
+    the one in slot 1 hangs, the other's with it; the watchdog ends the engine and both end."""
     url = hanging.url + "/v1/completions"
-    stream = start_neighbour(hanging)  # slot 0
     pid = hanging.engine_pids()[-1]
     mark = len(hanging.lines)
-    stuck = HTTP.post(url, json=SHORT, timeout=60)  # slot 1: the window hangs, the neighbour with it
-    assert stuck.status_code == 503, stuck.text
-    assert stuck.json()["error"]["code"] == "engine_stopped"
-    line = hanging.wait_line(r"strata serve: the engine is unhealthy \((.*)\); restarting it", timeout=5, start=mark)
+    answers = send_together(hanging, [lambda: answer(url, {**NEIGHBOUR, "stream": True}),
+                                      lambda: answer(url, NEIGHBOUR)])
+    line = hanging.wait_line(r"strata serve: the engine is unhealthy \((.*)\); restarting it", timeout=60, start=mark)
     assert f"the watchdog allows {WATCHDOG_S:g} s" in line.group(1)
-    stream.join(60)
-    err = sse_error(stream.events)
-    assert err["code"] == "engine_stopped" and err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL)
-    assert wait_until(lambda: HTTP.get(hanging.url + "/health", timeout=5).status_code == 503, 5)
+    for status, body in answers:
+        if status == 200:  # a stream that had begun: its error event
+            err = sse_error(body)
+            assert err["code"] == "engine_stopped" and err["message"] == DIED_MESSAGE.format(code=-signal.SIGKILL)
+        else:
+            assert status == 503 and body["error"]["code"] == "engine_stopped", body
+    # (not /health: it says 503 only until the new engine is ready, which a delayed poll may miss)
+    assert 'strata_server_engine_exits_total{kind="unhealthy"} 1.0' in HTTP.get(hanging.url + "/metrics", timeout=30).text
     r = HTTP.post(url, json=SHORT, timeout=120)  # slot 0 of a new engine
     assert r.status_code == 200, r.text
     assert hanging.engine_pids()[-1] != pid
@@ -200,20 +222,21 @@ def pack_with_template(path, prefix: str):
 
 
 def test_a_spinning_template_ends_only_its_request(raising):
+    """The neighbour and the spinning request reach the engine together (support/together.py):
+    the template spins while the neighbour streams (1-5 of its 64 tokens while it spins)."""
     spinning = raising  # (the template spins on "spin"; the others' slot 0 never fails)
-    stream = start_neighbour(spinning)  # slot 0
     pid = spinning.engine_pids()[-1]
-    spin = HTTP.post(spinning.url + "/v1/chat/completions", timeout=60,
-                     json={"messages": [{"role": "user", "content": "spin"}], "max_tokens": 2})
-    assert stream.is_alive(), "the neighbour ended before the template spun beside it"
+    events, spin = send_together(spinning, [
+        lambda: read_stream(spinning.url + "/v1/completions", NEIGHBOUR),
+        lambda: HTTP.post(spinning.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "spin"}], "max_tokens": 2})])
     assert spin.status_code == 400, spin.text
     err = spin.json()["error"]
     assert err["param"] == "messages" and "chat template" in err["message"], err
     assert "\n" not in err["message"]
-    assert HTTP.get(spinning.url + "/health", timeout=5).status_code == 200  # never unhealthy
-    stream.join(120)
-    text, reason = streamed_text(stream.events)
-    assert reason == "length" and text, stream.events[-3:]
+    assert HTTP.get(spinning.url + "/health", timeout=30).status_code == 200  # never unhealthy
+    text, reason = streamed_text(events)
+    assert events[-1] == "[DONE]" and reason == "length" and text, events[-3:]
     ok = HTTP.post(spinning.url + "/v1/chat/completions", timeout=60,
                    json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     assert ok.status_code == 200, ok.text

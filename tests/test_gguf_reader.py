@@ -93,15 +93,19 @@ def test_tokenizer_arrays(ours):
 
 
 def test_open_is_fast(model_path):
-    # Regression guard, not a benchmark (see bench/gguf_open.py): the gguf package's reader
-    # takes ~1.8 s here; ours ~0.04 s. The bound is loose so a busy CI machine never trips it.
-    best = min(_timed_open(model_path) for _ in range(3))
-    assert best < 1.0, f"opening the test model took {best:.3f} s"
+    # Regression guard, not a benchmark (see bench/gguf_open.py): the gguf package's reader,
+    # which reads every field eagerly, takes 80-100 times as long as a pure-Python loop of 10**6
+    # additions; ours 2-4 times (both measured on the 2-core machine, its cores busy). Both are
+    # timed here, the best of 3 each (a run the OS preempted says nothing), so that a busy
+    # machine slows both alike.
+    ours = min(_timed(lambda: GGUFFile(model_path).close()) for _ in range(3))
+    loop = min(_timed(lambda: sum(range(10**6))) for _ in range(3))
+    assert ours < 30 * loop, f"opening the test model took {ours:.3f} s, {ours / loop:.0f} times the loop's {loop:.3f} s"
 
 
-def _timed_open(path):
+def _timed(fn):
     t0 = time.perf_counter()
-    GGUFFile(path).close()
+    fn()
     return time.perf_counter() - t0
 
 

@@ -286,7 +286,17 @@ def test_concurrent_compiles_and_cheap_matchers(tok):
     assert not errors and results == [True] * 4
     import time
 
-    g = compile_constraint(spec, tok)
+    # a matcher is a copy of the compiled start state, not a compile: 200 of them cost less than
+    # one compile of a grammar as small, measured here (the best of 5 batches: a batch that the
+    # OS preempted says nothing about the matchers' cost)
     start = time.perf_counter()
-    matchers = [g.matcher() for _ in range(200)]
-    assert time.perf_counter() - start < 1.0 and len({id(m) for m in matchers}) == 200
+    compile_constraint(ConstraintSpec(spec.kind, json.dumps({**schema, "title": "not cached"})), tok)
+    one_compile = time.perf_counter() - start
+    g = compile_constraint(spec, tok)
+    batches = []
+    for _ in range(5):
+        start = time.perf_counter()
+        matchers = [g.matcher() for _ in range(200)]
+        batches.append(time.perf_counter() - start)
+        assert len({id(m) for m in matchers}) == 200
+    assert min(batches) < one_compile, (batches, one_compile)

@@ -28,7 +28,7 @@ def test_default_spec_policy():
 
 
 def test_both_backends_default_to_spec_1():
-    # GPU 1.24-1.31x, CPU 1.05-1.12x (narrowed draft head) at one slot (docs/MTP.md)
+    # GPU 1.31x, CPU 1.05-1.12x quiet and 0.94-1.05x loaded (narrowed draft head) at one slot (docs/MTP.md)
     assert DEFAULT_SPEC == {"cuda": (1, 0.0), "cpu": (1, 0.0)}
     assert default_spec("cuda", ()) == (1, 0.0) and default_spec("cpu", ()) == (1, 0.0)
 

@@ -102,7 +102,8 @@ def test_without_q2_0_batch_mtp_off_one_line(table):
     assert line.count("blk.*.ffn_down_exps") == 1 and line.count("Q2_0") == 1
     assert f"{len(q2)} tensors blk.*.ffn_down_exps are Q2_0" in line
     assert "IQ4_NL" not in line and "no native MMVQ kernel" in line
-    assert line.endswith("these slots decode one token per window")
+    assert line.endswith("each drafts only in windows where no other slot is busy, and adds one token per "
+                         "window shared with other slots")
     downs = [t for t in rep.tensors if t.role == "blk.*.ffn_down_exps" and t.type_name == "Q2_0"]
     assert {t.paths["decode"].status for t in downs} == {GENERIC}
     assert {t.paths["verify"].status for t in downs} == {GENERIC}
@@ -175,7 +176,8 @@ def test_room_runs_out_after_three_slots(table):
     assert len(lines) == 1
     assert re.match(r"strata probe: batch-MTP on for slots 0-2; batch-MTP off for slot 3: no room", lines[0])
     assert "100.0 MiB per slot" in lines[0] and "350.0 MiB free" in lines[0]
-    assert lines[0].endswith("this slot decodes one token per window")
+    assert lines[0].endswith("it drafts only in windows where no other slot is busy, and adds one token per "
+                             "window shared with other slots")
 
 
 def test_room_enough_for_all(table):

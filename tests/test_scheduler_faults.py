@@ -15,12 +15,10 @@ no HTTP; tests/test_engine_faults.py is the served side).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from strata.batch.faults import FaultInjector
-from strata.engine.protocol import GenerationRequest, SamplingParams
+from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import StrataError
 from support.server_proc import wait_until
 from tests.support.engines import greedy, load_engine, request
@@ -148,12 +146,12 @@ def test_the_watchdog_reports_a_hung_window(pack, solo):
     core.start()
     try:
         h = core.submit(request(A, greedy(10)))
-        assert wait_until(lambda: not core.liveness()[0], 10), "the hung window was not noticed"
+        assert wait_until(lambda: not core.liveness()[0], 60), "the hung window was not noticed"
         alive, why = core.liveness()
         assert "a window has been running for" in why and "the watchdog allows 0.3 s" in why
         core.scheduler.faults.release()  # the window goes on: alive again, the request completes
         assert h.collect(timeout=30)[0] == solo["A", "greedy"]
-        assert wait_until(lambda: core.liveness() == (True, None), 5)
+        assert wait_until(lambda: core.liveness() == (True, None), 60)
     finally:
         core.scheduler.faults.release()
         core.stop()
@@ -176,9 +174,8 @@ def test_a_loop_thread_that_dies_is_visible_and_ends_every_request(pack):
     _, _, fin = running.collect(timeout=30)
     assert fin.reason == "error" and fin.code == "internal_error"
     assert fin.error == "the engine's scheduler stopped: _Escape: boom"
-    assert wait_until(lambda: not sch.thread.is_alive(), 5)
+    assert wait_until(lambda: not sch.thread.is_alive(), 60)
     assert core.liveness() == (False, fin.error)
-    started = time.monotonic()
-    _, _, later = core.submit(request(A, greedy(4))).collect(timeout=5)  # answered at once, not left waiting
-    assert later.reason == "error" and later.error == fin.error and time.monotonic() - started < 1
+    later = core.submit(request(A, greedy(4))).events.get_nowait()  # answered by submit itself, not left waiting
+    assert isinstance(later, FinishEvent) and later.reason == "error" and later.error == fin.error
     assert any("the engine's scheduler stopped: _Escape: boom" in ln and "Traceback" in ln for ln in lines)

@@ -9,15 +9,19 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from strata.engine.options import name_list
+    from strata.engine.options import name_list, port_number
 
     parser.add_argument("--config", help="JSON config (comments allowed); see docs/SERVER.md")
     parser.add_argument("--host", help="listen address (overrides the config)")
-    parser.add_argument("--port", type=int, help="listen port (overrides the config; 0 picks a free port)")
+    parser.add_argument("--port", type=port_number, help="listen port (overrides the config; 0 picks a free port)")
     parser.add_argument("--allowed-hosts", type=name_list, metavar="H1,H2",
                         help="Host names served (overrides the config's allowed_hosts; '*': any)")
     parser.add_argument("--allowed-origins", type=name_list, metavar="O1,O2",
                         help="web origins allowed besides loopback pages (overrides allowed_origins; '*': any)")
+    parser.add_argument("--header-timeout", type=float, metavar="S",
+                        help="seconds a connection may take to send its request head (overrides header_timeout)")
+    parser.add_argument("--max-connections", type=int, metavar="N",
+                        help="connections held open at most; more get 503 (overrides max_connections)")
     parser.add_argument("--no-access-log", action="store_true",
                         help="no access-log line per request (overrides the config's access_log)")
 
@@ -32,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = with_overrides(load_config(args.config, warn=_warn), host=args.host, port=args.port,
                          allowed_hosts=args.allowed_hosts, allowed_origins=args.allowed_origins,
-                         access_log=False if args.no_access_log else None)
+                         access_log=False if args.no_access_log else None,
+                         header_timeout=args.header_timeout, max_connections=args.max_connections)
     check_engine_start(cfg, args.config)  # a missing pack or a bad flag: one line, before any engine starts
     # The first engine starts now and loads its model while the web stack below is imported; it
     # leaves by itself if this process does (it watches its stdin, a pipe from here).

@@ -16,12 +16,15 @@ import numpy as np
 from strata.backend.select import make_backend
 from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
+from strata.engine.context_room import check_one_slot_fits, past_training_warning
 from strata.engine.options import EngineOptions
 from strata.engine.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
+from strata.logit_adjust import bans_everything
 from strata.model.build import build_model
 from strata.mtp.draft import DraftModel
 from strata.mtp.proposer import DraftProposer
+from strata.pack.weight_check import check_weights
 
 MiB = 1024 * 1024
 
@@ -104,6 +107,9 @@ def check_request(req: GenerationRequest, vocab: int) -> None:
     bad_bias = [t for t in p.logit_bias if vocab > 0 and not 0 <= t < vocab]
     if bad_bias:
         raise StrataError(f"logit_bias: token id {bad_bias[0]} is outside the vocabulary [0, {vocab})")
+    nothing_left = bans_everything(p.logit_bias, vocab)
+    if nothing_left:
+        raise StrataError(nothing_left)
     if not p.repetition_penalty > 0:
         raise StrataError(f"repetition_penalty must be > 0, not {p.repetition_penalty!r}")
     if p.min_tokens < 0 or p.repeat_last_n < -1:
@@ -179,6 +185,7 @@ class EngineCore:
             log(note)
         md = pack.metadata
         cfg = pack.model_config()  # the metadata key table and every tensor shape, checked once
+        check_weights(pack)  # NaN / Inf in float weights and block scales (sampled: strata/pack/weight_check.py)
         self.cfg = cfg
         label = pack.label if hasattr(pack, "label") else pack_arg
         log(f"strata: pack {label}: {cfg.arch}, {cfg.n_layer} layers, "
@@ -187,11 +194,17 @@ class EngineCore:
         self.chat = ChatTemplate.from_metadata(md)
         _check_room(backend, pack.tensors.values(), f"pack {label}")
         src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
+        start_line = getattr(backend, "start_line", None)  # the CPU's: its BLAS thread count and why
+        if start_line is not None:  # (once the pack and the draft are accepted: a refusal stays one line)
+            log(start_line())
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         with _load_errors(backend, f"pack {label}"):
             self.model = build_model(backend, cfg, get,
                                      progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
         self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
+        warning = past_training_warning(opts.max_context, cfg.n_ctx_train, cfg.arch, md)
+        if warning is not None:
+            log(warning)
         self.parallel = opts.parallel
         self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
 
@@ -245,6 +258,8 @@ class EngineCore:
                                 prefix_cache_bytes=opts.prefix_cache << 20),
                 proposer=proposer, slot_batch_mtp=slot_caps,
                 slot_checkpoints=self.checkpoints.flags() if self.checkpoints else None, log=log)
+        check_one_slot_fits(opts.max_context, self.n_ctx, self.scheduler.slots[0].cache.bytes_per_position,
+                            backend.free_bytes(), backend.name, opts.kv)
         self._say_kv_room(log)
         return self
 

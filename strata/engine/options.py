@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Callable
 
 from strata.engine.sampling_bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
@@ -56,37 +57,93 @@ def _int_at_least(minimum: int):
 
 
 _positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
+
+DAY = 86400.0
 
 
-def _count_or_auto(value: str) -> int | None:
-    """argparse type: auto (None: the engine decides) or a whole number >= 0."""
-    if value.strip().lower() == "auto":
-        return None
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric flag takes: past them a value is a typo, not a setting (--threads
+    100000 spins 66 threads against 2 cores, --watchdog-s 0.001 restarts the engine at every
+    window). `high` may be a function of the machine (its cores); `why` says what bounds it."""
+
+    low: float
+    high: float | Callable[[], float]
+    whole: bool = True
+    why: str = ""
+
+    def top(self) -> float:
+        return self.high() if callable(self.high) else self.high
+
+
+def _cores() -> int:
+    from strata.backend.cpu import machine_cores  # (imported when --threads is given: it loads numpy)
+
+    return machine_cores()
+
+
+# flag -> its bound (the server config's keys of the same meaning have the same bounds, in
+# strata/server/config.py's NUMBER_BOUNDS)
+FLAG_BOUNDS: dict[str, Bound] = {
+    "--spec": Bound(0, 16, why="drafts past the first few are almost never accepted"),
+    "--parallel": Bound(1, 1024),
+    "--state-checkpoints": Bound(0, 1024),
+    "--max-context": Bound(1, 1 << 30),  # (what the pack's memory holds is checked at load)
+    "--prefix-cache": Bound(0, 1 << 20, why="MiB: 1 TiB"),
+    "--kv-resident": Bound(1, 1 << 30),
+    "--threads": Bound(1, _cores, why="this machine's cores: more BLAS threads only wait on each other"),
+    "--port": Bound(0, 65535),
+    "--max-queued": Bound(0, 100_000),
+    "--body-timeout": Bound(0, DAY, whole=False, why="seconds; 0: no limit"),
+    "--watchdog-s": Bound(1, 7 * DAY, whole=False,
+                          why="seconds: under 1 s an ordinary window trips it"),
+}
+
+
+def check_api_key(key: str) -> str:
+    """A bearer key a client can send (the config's `api_key` and `--api-key`; ValueError says why
+    not). It is compared with the token after "Bearer ", which HTTP strips and sends as bytes: ""
+    would serve with no key at all, "  " or a non-ASCII key could never be matched."""
+    if not key.strip():
+        raise ValueError("empty; leave the key out to serve without one")
+    if key != key.strip():
+        raise ValueError("begins or ends with white space, which a client's header cannot carry")
+    if not all(" " <= c <= "~" for c in key):
+        raise ValueError("only printable ASCII characters can be sent in an Authorization header")
+    return key
+
+
+def _api_key_flag(value: str) -> str:
     try:
-        return _non_negative_int(value)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto or a whole number >= 0, got {value!r}") from None
+        return check_api_key(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"the key is {e}" if str(e).startswith("empty") else f"the key {e}") from None
 
 
-def _seconds(*, zero_means_none: bool):
-    """argparse type: a finite number of seconds, > 0 (or >= 0 where 0 means no limit)."""
+def in_bounds(flag: str, *, auto: bool = False):
+    """argparse type: a number within FLAG_BOUNDS[flag] (or `auto`, None, where auto is True)."""
+    bound = FLAG_BOUNDS[flag]
 
-    def parse(value: str) -> float:
+    def parse(value: str) -> float | int | None:
+        if auto and value.strip().lower() == "auto":
+            return None
+        high = bound.top()
+        kind = "whole number" if bound.whole else "number"
+        # "%g" shows 1073741824 as 1.07374e+09: whole bounds are written out
+        shown = f"[{bound.low:.0f}, {high:.0f}]" if bound.whole else f"[{bound.low:g}, {high:g}]"
+        expected = f"expected {'auto or ' if auto else ''}a {kind} in {shown}" + (f" ({bound.why})" if bound.why else "")
         try:
-            t = float(value)
+            v = int(value) if bound.whole else float(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-        if not (0 <= t if zero_means_none else 0 < t) or t == float("inf"):
-            bound = ">= 0 (0: no limit)" if zero_means_none else "> 0"
-            raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {value!r}")
-        return t
+            raise argparse.ArgumentTypeError(f"{expected}, got {value!r}") from None
+        if not bound.low <= v <= high:  # (NaN fails this too)
+            raise argparse.ArgumentTypeError(f"{expected}, got {value!r}")
+        return v
 
     return parse
 
 
-_positive_seconds = _seconds(zero_means_none=False)
-_seconds_or_zero = _seconds(zero_means_none=True)
+port_number = in_bounds("--port")  # also `strata serve --port`
 
 
 def name_list(value: str) -> list[str]:
@@ -167,42 +224,45 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) ->
     _add_pack_flags(g)
     g.add_argument("--mtp", help="MTP draft (file or directory); default: nextn tensors in the pack, else a "
                                  "shipped draft made for the pack, if any")
-    g.add_argument("--spec", type=_non_negative_int, default=0, help="draft up to K tokens per window (0: no MTP)")
+    g.add_argument("--spec", type=in_bounds("--spec"), default=0, help="draft up to K tokens per window (0: no MTP)")
     g.add_argument("--spec-min-p", type=_probability, default=0.0, help="stop drafting when the draft's top probability is under P")
     g.add_argument("--batch-mtp", action="store_true", help="every slot verifies its own MTP proposal inside the batched window")
-    g.add_argument("--parallel", type=_positive_int, default=1, help="number of slots (concurrent sequences)")
-    g.add_argument("--state-checkpoints", type=_count_or_auto, default=None, metavar="N|auto",
+    g.add_argument("--parallel", type=in_bounds("--parallel"), default=1, help="number of slots (concurrent sequences)")
+    g.add_argument("--state-checkpoints", type=in_bounds("--state-checkpoints", auto=True), default=None, metavar="N|auto",
                    help="hybrid models: how many slots keep a rollback copy of their recurrent state (the "
                         "others never draft and decode one token per window); auto: as many as memory holds")
     g.add_argument("--prefill", type=_prefill, default="auto", help="prefill chunking: auto, auto:N or N tokens per chunk")
-    g.add_argument("--max-context", type=_positive_int, default=None, help="context length per sequence (default: the model's)")
+    g.add_argument("--max-context", type=in_bounds("--max-context"), default=None, help="context length per sequence (default: the model's)")
     g.add_argument("--kv", choices=("f16", "int8"), default="f16", help="KV cache storage")
-    g.add_argument("--prefix-cache", type=_non_negative_int, default=1024, metavar="MIB",
+    g.add_argument("--prefix-cache", type=in_bounds("--prefix-cache"), default=1024, metavar="MIB",
                    help="memory for reusing computed prompt prefixes across requests (0: off)")
-    g.add_argument("--kv-resident", type=_positive_int, default=None, help="(accepted; see warnings)")
+    g.add_argument("--kv-resident", type=in_bounds("--kv-resident"), default=None, help="(accepted; see warnings)")
     g.add_argument("--expert-profile", default=None, help="(accepted; see warnings)")
     g.add_argument("--expert-cache", default="auto", help="expert cache policy: auto (all experts resident)")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute backend")
     g.add_argument("--no-native", default="", metavar="TYPES",
                    help="diagnostic: comma-separated GGML types to drop from the native kernel table")
-    g.add_argument("--threads", type=_positive_int, default=None, help="CPU BLAS threads (default: STRATA_CPU_THREADS, else every core; 1 where other work keeps the cores busy)")
+    g.add_argument("--threads", type=in_bounds("--threads"), default=None,
+                   help="CPU BLAS threads (default: STRATA_CPU_THREADS, else the cores other work leaves free: the usable cores minus the 1-minute load average, at least 1)")
     if serving:
         g.add_argument("--host", default="127.0.0.1")
-        g.add_argument("--port", type=_non_negative_int, default=8080)
+        g.add_argument("--port", type=port_number, default=8080)
         g.add_argument("--alias", "--model-name", dest="alias", default=None,
                        help="model id served on /v1/models (default: the pack's file name without .gguf)")
-        g.add_argument("--api-key", default=None, help="require this bearer key")
-        g.add_argument("--max-queued", type=_non_negative_int, default=64,
+        g.add_argument("--api-key", type=_api_key_flag, default=None, help="require this bearer key")
+        g.add_argument("--max-queued", type=in_bounds("--max-queued"), default=64,
                        help="requests that may wait for a slot; more get HTTP 429")
-        g.add_argument("--body-timeout", type=_seconds_or_zero, default=30.0, metavar="S",
+        g.add_argument("--body-timeout", type=in_bounds("--body-timeout"), default=30.0, metavar="S",
                        help="seconds a request body may take to arrive; then HTTP 408 (0: no limit)")
         g.add_argument("--allowed-hosts", type=name_list, default=None, metavar="H1,H2",
                        help="Host names served besides the loopback ones ('*': any); default: any unless bound to loopback")
         g.add_argument("--allowed-origins", type=name_list, default=[], metavar="O1,O2",
                        help="web origins (scheme://host[:port]) allowed besides loopback pages ('*': any)")
         # generous: a window of a large model on a CPU can take seconds
-        g.add_argument("--watchdog-s", type=_positive_seconds, default=120.0, metavar="S",
+        g.add_argument("--watchdog-s", type=in_bounds("--watchdog-s"), default=120.0, metavar="S",
                        help="/health answers 503 (and strata serve restarts the engine) when one window runs longer")
+        g.add_argument("--slots", action="store_true",
+                       help="GET /slots shows each running request's sampling and id (off: states and counters only)")
         g.add_argument("--no-access-log", action="store_true",
                        help="no access-log line per request (method, route, status, tokens, time)")
 
@@ -255,6 +315,7 @@ class EngineOptions:
     allowed_origins: list[str] = field(default_factory=list)
     watchdog_s: float = 120.0
     no_access_log: bool = False
+    slots: bool = False  # GET /slots shows each request's sampling and id (strata/server/route_privacy.py)
     given_flags: tuple[str, ...] = ()
 
     @classmethod

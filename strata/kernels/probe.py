@@ -12,7 +12,8 @@ Each (tensor, path) is "native" (a native kernel; wider windows split into launc
 max_cols columns), "generic" (dequantize + matmul) or "cannot run" (no dequantizer and no kernel,
 or a type id Strata does not know). From that and the engine flags it decides, per slot, whether
 batch-MTP is on, and says so in ONE start-up line, so a pack the native kernels cannot verify in
-batches degrades to one token per window instead of failing at the first concurrent admission.
+batches degrades to one token per slot in shared windows (each slot still drafts while it is the
+only one busy) instead of failing at the first concurrent admission.
 """
 
 from __future__ import annotations
@@ -40,6 +41,28 @@ REASONS: dict[str, str] = {
     "no_native_kernel": "{groups} ({why})",
     "cannot_run": "the pack cannot run on {backend}",
 }
+
+# reason code -> what a slot without batch-MTP does instead, (one slot, several): the end of its
+# clause in the start-up line. Without batch-MTP a slot still drafts and verifies on its own
+# (the one-slot proposer) in any window where no other slot is busy; only a window it shares
+# adds one token for it (strata/batch/scheduler.py, _mtp_allowed).
+INSTEAD: dict[str, tuple[str, str]] = {
+    "single_slot": ("it drafts and verifies on its own in every window, as without --batch-mtp",
+                    "each drafts and verifies on its own in every window, as without --batch-mtp"),
+    "no_draft": ("it decodes one token per window", "they decode one token per window"),
+    "no_checkpoint": ("it never drafts: one token per window", "they never draft: one token per window"),
+}
+SHARED_WINDOWS_ONLY = ("it drafts only in windows where no other slot is busy, and adds one token per "
+                       "window shared with other slots",
+                       "each drafts only in windows where no other slot is busy, and adds one token per "
+                       "window shared with other slots")
+
+
+def instead(code: str | None, n_slots: int) -> str:
+    """What n_slots slots that lack batch-MTP for reason `code` do instead (INSTEAD)."""
+    one, many = INSTEAD.get(code or "", SHARED_WINDOWS_ONLY)
+    return one if n_slots == 1 else many
+
 
 _LAYER = re.compile(r"(?<=\.)\d+(?=\.)")  # a dotted all-digit component: blk.12.x -> blk.*.x
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
@@ -215,16 +238,15 @@ class ProbeReport:
         head = f"strata probe: batch-MTP on for {slot_ranges(on)}" if on else ""
         if on and not off:
             return lines + [f"{head} ({self._on_detail()})"]
-        # one line: every off slot shares its reason except when room ran out part way
+        # one line: every off slot shares its reason except when room ran out part way; each
+        # reason's clause says what its slots do instead
         by_reason: dict[str, list[SlotCapability]] = {}
         for s in off:
             by_reason.setdefault(s.reason or "", []).append(s)
-        clauses = [f"batch-MTP off for {slot_ranges([s.slot for s in ss])}: {why}"
-                   for why, ss in by_reason.items()]
-        tail = ("these slots decode one token per window" if len(off) > 1
-                else "this slot decodes one token per window")
+        clauses = [f"batch-MTP off for {slot_ranges([s.slot for s in ss])}: {why}; "
+                   f"{instead(ss[0].reason_code, len(ss))}" for why, ss in by_reason.items()]
         text = "; ".join(([head[len('strata probe: '):]] if head else []) + clauses)
-        return lines + [f"strata probe: {text}; {tail}"]
+        return lines + [f"strata probe: {text}"]
 
     def _on_detail(self) -> str:
         verify = [t.paths["verify"] for t in self.tensors if "verify" in t.paths]
@@ -329,10 +351,10 @@ def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] |
         rep.slots = all_slots("cannot_run", backend=backend)
     elif not opts.batch_mtp:
         rep.slots = all_slots("not_requested")
+    elif not has_draft:  # (before single_slot: that one's line says the slot drafts)
+        rep.slots = all_slots("no_draft")
     elif parallel <= 1:
         rep.slots = all_slots("single_slot")
-    elif not has_draft:
-        rep.slots = all_slots("no_draft")
     elif n_gpus != 1:
         rep.slots = all_slots("multi_gpu", n_gpus=n_gpus)
     elif blockers:

@@ -74,10 +74,12 @@ def shipped_draft_for(pack: Any, data_dir: Path = DATA_DIR) -> Path | None:
 
 # MTP for the default model on a backend only where it measures faster than plain decoding.
 # GPU (H200, the shipped draft, bench/bench_mtp.py --device cuda, 128-token answers): --spec 1 at
-# min-p 0 gives 1.24-1.31x plain decoding at one slot (--spec 2-3 within noise of it, and worse
+# min-p 0 gives 1.31x plain decoding at one slot (--spec 2-3 within noise of it, and worse
 # for batch-MTP at 4 slots: 1.0x vs 1.13x). CPU (2-core machine): 1.05-1.12x at
-# --spec 1, since the draft's head is narrowed to its vocabulary there (0.92-0.99x with the
-# full head; a 2-row verification window still costs ~1.5 steps). Without --batch-mtp MTP runs
+# --spec 1 when the machine is quiet, since the draft's head is narrowed to its vocabulary there
+# (0.92-0.99x with the full head; a 2-row verification window still costs ~1.5 steps); loaded by
+# other work (one BLAS thread) 0.94-1.05x, 0.98-1.02x in CPU time: no loss to turn it off for,
+# and the gain where the machine is quiet. Without --batch-mtp MTP runs
 # only while one slot is busy, so concurrent clients keep plain batching unless they ask for
 # batch-MTP. Numbers and method: docs/MTP.md.
 DEFAULT_SPEC: dict[str, tuple[int, float]] = {"cuda": (1, 0.0), "cpu": (1, 0.0)}

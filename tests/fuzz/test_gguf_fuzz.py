@@ -67,7 +67,10 @@ def test_harness_reports_hangs_crashes_and_tracebacks():
     worker = Worker([sys.executable, "-c", _FAKE_WORKER])
     try:
         names = ["ok", "hang", "ok", "crash", "bug", "ok"]
-        got = [worker.run(Mutant(i, "k", "llama", n, Path(n)), timeout=2).outcome for i, n in enumerate(names)]
+        # the hang sleeps 60 s: 2 s tell it; the others answer at once, given as long as a loaded
+        # machine may take to schedule them
+        got = [worker.run(Mutant(i, "k", "llama", n, Path(n)), timeout=2 if n == "hang" else 60).outcome
+               for i, n in enumerate(names)]
     finally:
         worker.stop()
     assert got == ["loaded", "hang", "loaded", "crash", "bug", "loaded"]  # a fresh worker after each bad end
