@@ -21,14 +21,23 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.sum(np.exp(z)))
 
 
+def _one_hot(logits: np.ndarray) -> np.ndarray:
+    p = np.zeros_like(logits)
+    p[int(np.argmax(logits))] = 1.0
+    return p
+
+
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Probabilities (float64, sums to 1) that `params` samples from; one-hot when greedy."""
     logits = np.asarray(logits, dtype=np.float64)
     if is_greedy(params):
-        p = np.zeros_like(logits)
-        p[int(np.argmax(logits))] = 1.0
-        return p
+        return _one_hot(logits)
     z = logits / params.temperature
+    if not np.max(z) > -np.inf:
+        # every token banned (the request's bias and its grammar left none): nothing to weigh,
+        # so the argmax a greedy row takes; the caller's grammar or bans refuse it and end the
+        # request with why (exp(z - max z) would be -inf - -inf: NaN)
+        return _one_hot(logits)
     keep = np.ones(z.shape, dtype=bool)
     if params.top_k and params.top_k < z.size:
         kth = np.partition(z, -params.top_k)[-params.top_k]

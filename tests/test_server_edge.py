@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -146,22 +144,37 @@ class Stream(threading.Thread):
         return max((b - a for a, b in zip(times, times[1:])), default=float("inf"))
 
 
+HUGE = {"messages": [{"role": "user", "content": "word " * 2_000_000}]}  # 10 MB: cannot fit
+BIG = {"messages": [{"role": "user", "content": "word " * 100_000}]}  # 500 KB: tokenized, then too long
+
+
+def refusal_seconds(server, body: dict) -> float:
+    """How long the server takes to refuse `body` (too long for the context) on its own."""
+    t0 = time.monotonic()
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error", r.text
+    return time.monotonic() - t0
+
+
 def test_big_bodies_do_not_stall_other_requests_or_streams(server):
     stream = Stream(server.url)
     stream.start()
     assert stream.started.wait(60)
-    huge = {"messages": [{"role": "user", "content": "word " * 2_000_000}]}  # 10 MB: cannot fit
-    big = {"messages": [{"role": "user", "content": "word " * 100_000}]}  # 500 KB: tokenized, then too long
+    # the baseline, measured here under whatever else this machine runs: one big body refused on
+    # its own, and the stream's own gaps meanwhile
+    t_base = time.monotonic()
+    one_big_s = min(refusal_seconds(server, BIG) for _ in range(2))
+    base_gap = stream.max_gap(t_base)
     answers: list[httpx.Response] = []
     senders = [threading.Thread(target=lambda b=b: answers.append(post(server, "/v1/chat/completions", b)))
-               for b in (huge, big, big)]
+               for b in (HUGE, BIG, BIG)]
     t0 = time.monotonic()
     for t in senders:
         t.start()
     latencies = []
-    while any(t.is_alive() for t in senders) and time.monotonic() - t0 < 60:
+    while any(t.is_alive() for t in senders) and time.monotonic() - t0 < 120:  # (a guard against a hang)
         t1 = time.monotonic()
-        assert HTTP.get(server.url + "/v1/models", headers=AUTH, timeout=30).status_code == 200
+        assert HTTP.get(server.url + "/v1/models", headers=AUTH, timeout=60).status_code == 200
         latencies.append(time.monotonic() - t1)
         time.sleep(0.05)
     for t in senders:
@@ -171,27 +184,33 @@ def test_big_bodies_do_not_stall_other_requests_or_streams(server):
     stream.stop.set()
     assert [r.status_code for r in answers] == [400] * 3
     assert {r.json()["error"]["type"] for r in answers} == {"exceed_context_size_error"}
-    # Generous bounds: before, the 10 MB body alone held the event loop for ~20 s, and a stream
-    # paused as long. On 2 cores shared with other work a stream's own gaps reach 2-3 s even
-    # with nothing else to do (measured), so its bound is looser than the loop's.
-    assert handled_s < 15, handled_s
-    assert max(latencies) < 1.0, latencies
-    assert gap < 5.0, gap
+    # Before, the 10 MB body was tokenized on the event loop: ~60 times what one big body takes
+    # here, and every request and stream waited that long. Off the loop and refused before
+    # tokenizing, the three take a few big bodies' time; a request to the loop never waits as
+    # long as a few big bodies take, and the stream pauses no longer than its own gaps or a few
+    # big bodies (a stream's gaps on a loaded 2-core machine reach seconds with nothing else to do).
+    assert handled_s < 15 * one_big_s, (handled_s, one_big_s)
+    assert max(latencies) < 5 * one_big_s, (latencies, one_big_s)
+    assert gap < 10 * max(base_gap, one_big_s), (gap, base_gap, one_big_s)
 
 
 def test_a_body_that_cannot_fit_is_refused_before_tokenizing(server):
     t0 = time.monotonic()
     r = post(server, "/v1/completions", {"prompt": "word " * 2_000_000})
+    huge_s = time.monotonic() - t0
     assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error", r.text
-    assert "at least" in r.json()["error"]["message"]
-    assert time.monotonic() - t0 < 5
+    assert "at least" in r.json()["error"]["message"]  # (an estimate from its size: no tokens counted)
+    # 20 times the text of a body that is tokenized, refused in about that body's time (measured
+    # alongside): tokenizing it would take some 20 times as long
+    big_s = refusal_seconds(server, BIG)
+    assert huge_s < 5 * big_s, (huge_s, big_s)
 
 
 # ---------------------------------------------------------------- the engine child's secret
 
 def _engine_port(server) -> int:
     import re
-    m = re.findall(r"engine pid \d+ starting on port (\d+)", server.output())
+    m = re.findall(r"engine pid \d+ listens on port (\d+)", server.output())
     return int(m[-1])
 
 
@@ -204,18 +223,8 @@ def test_the_engine_child_refuses_every_route_without_the_secret(server, method,
         r = HTTP.request(method, url, json={"prompt": "Hi", "max_tokens": 1} if method == "POST" else None,
                          headers=headers, timeout=30)
         assert r.status_code == 401, (path, r.status_code, r.text)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_secret_travels_in_the_environment_not_argv(server):
-    pid = server.engine_pids()[-1]
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    environ = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
-    secret = environ[b"STRATA_ENGINE_SECRET"].decode()
-    assert len(secret) >= 32 and not any(secret.encode() in a for a in cmdline)
-    r = HTTP.get(f"http://127.0.0.1:{_engine_port(server)}/v1/models",
-                 headers={"Authorization": f"Bearer {secret}"}, timeout=30)
-    assert r.status_code == 200  # the secret, and only it, opens the engine
+    # (the key, and only it, opens the engine; it is in neither argv nor the environment:
+    # tests/test_engine_child_handshake.py)
 
 
 @pytest.mark.parametrize("method,path", [("GET", "/metrics"), ("GET", "/v1/models"), ("GET", "/v1/models/x"),

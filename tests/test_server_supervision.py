@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 import httpx
 import pytest
@@ -37,11 +38,12 @@ def server(tmp_path_factory):
 
 
 class StreamReader(threading.Thread):
-    """A streaming request read on a thread; `first` is set once text arrived."""
+    """A streaming request read on a thread; `first` is set once text arrived (after
+    `on_first`, called on this thread as the first text is read)."""
 
-    def __init__(self, url: str, body: dict):
+    def __init__(self, url: str, body: dict, on_first: Callable[[], None] | None = None):
         super().__init__(daemon=True)
-        self.url, self.body = url, {**body, "stream": True}
+        self.url, self.body, self.on_first = url, {**body, "stream": True}, on_first
         self.events: list[str] = []
         self.texts: list[float] = []  # when each event with text arrived
         self.first = threading.Event()
@@ -55,6 +57,8 @@ class StreamReader(threading.Thread):
                     self.events.append(line[6:])
                     if '"text":"' in line and '"text":""' not in line:
                         self.texts.append(time.monotonic())
+                        if not self.first.is_set() and self.on_first is not None:
+                            self.on_first()
                         self.first.set()
         self.first.set()
 
@@ -72,19 +76,25 @@ def current_engine(server) -> int:
 
 def test_engine_killed_mid_stream_and_while_a_request_waits(server):
     restarts0 = metric(server.url, "strata_server_engine_restarts_total")
-    stream = StreamReader(server.url, LONG)
+    pid = current_engine(server)
+    # the engine is stopped (SIGSTOP) as the stream's first text is read, so the stream is still
+    # running when the engine is killed, however slowly this client goes on; `strata serve` takes
+    # in, queues and refuses requests without the engine (and kills a stopped one only after its
+    # /health misses several answers, far longer than the steps below take)
+    stream = StreamReader(server.url, LONG, on_first=lambda: os.kill(pid, signal.SIGSTOP))
     stream.start()
     assert stream.first.wait(60) and stream.status == 200
     waited: list[httpx.Response] = []
     t = post_on_thread(server.url, {"prompt": "Hi", "max_tokens": 2}, waited)
-    assert wait_until(lambda: metric(server.url, "strata_server_queue_depth") == 1, 10), "not queued"
+    # (a guard against a hang only)
+    assert wait_until(lambda: metric(server.url, "strata_server_queue_depth") == 1, 60), "not queued"
     # one running + one waiting is the bound (parallel 1, max_queued 1): a third is turned away
     r = HTTP.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
     assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
-    pid = current_engine(server)
+    assert stream.is_alive() and "[DONE]" not in stream.events, "the stream ended before the engine was killed"
     os.kill(pid, signal.SIGKILL)
-    stream.join(30)
-    t.join(30)
+    stream.join(60)
+    t.join(60)
     # the stream that had begun ends with an error event, then [DONE]
     assert stream.events[-1] == "[DONE]"
     err = json.loads(stream.events[-2])["error"]
@@ -94,7 +104,7 @@ def test_engine_killed_mid_stream_and_while_a_request_waits(server):
     assert waited[0].json()["error"] == {"message": WAITED_MESSAGE, "type": "server_error", "param": None,
                                          "code": "engine_stopped"}
     assert HTTP.get(server.url + "/health").status_code == 503
-    # the next request restarts the engine and is served
+    # the engine is restarted and the next request is served
     r = HTTP.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
     assert r.status_code == 200, r.text
     assert current_engine(server) != pid and not pid_alive(pid)
