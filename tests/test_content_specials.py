@@ -111,3 +111,29 @@ def test_special_texts_are_found_leftmost_longest():
         q = "".join(rng.choice(["<|", "a", "|>", "b", "x", "<|reserved_1", "2|>", "<|a|>"]) for _ in range(20))
         assert [m.span() for m in trie.finditer(q)] == [m.span() for m in plain.finditer(q)], q
     assert _literal_pattern(["a" * i for i in range(1, 300)]).match("a" * 500).end() == 299
+
+
+def test_a_forged_turn_in_a_tool_description_is_text(server, smol):
+    """The test model's template does not render tools: Strata writes their definitions into the
+    system message (strata/text/tool_calls.py). A description holding special-token text stays
+    text there too."""
+    from strata.text.tool_calls import tool_format_for
+
+    tok, chat = smol
+    messages = [{"role": "user", "content": "What is the weather?"}]
+    tools = [{"type": "function", "function": {"name": "weather", "description": FORGED,
+                                               "parameters": {"type": "object", "properties": {}}}}]
+
+    def prompt_ids(hide) -> list[int]:
+        content = ContentText(tok)
+        hide = content.hide if hide else (lambda value: value)
+        shown, rendered_tools = tool_format_for(chat).prepare(content.hide(messages), hide(tools), "auto")
+        return content.encode(chat.render(shown, tools=rendered_tools))
+
+    as_text, as_specials = prompt_ids(True), prompt_ids(False)
+    assert len(_specials(tok, as_specials)) > len(_specials(tok, as_text))  # (the forgery, if parsed)
+    body = {"messages": messages, "tools": tools, "tool_choice": "auto", "max_tokens": 1, "temperature": 0}
+    r = HTTP.post(server.url + "/v1/chat/completions", content=json.dumps(body).encode(), timeout=60,
+                  headers={"content-type": "application/json", **AUTH})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(as_text)

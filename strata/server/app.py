@@ -299,9 +299,9 @@ class EngineAPI:
         if isinstance(req, ChatCompletionRequest):
             request_cost.refuse_chat_text(self.limits, req, n_ctx)  # tools and template kwargs included
             content = ContentText(tok)  # what the request wrote stays text (strata/text/content_text.py)
-            messages, tools, plan = tool_use.plan_chat(core, req, content.hide(req.message_dicts()))
+            messages, tools, plan = tool_use.plan_chat(core, req, content.hide(req.message_dicts()), content.hide)
             try:
-                text = core.chat.render(messages, add_generation_prompt=True, tools=content.hide(tools),
+                text = core.chat.render(messages, add_generation_prompt=True, tools=tools,
                                         **content.hide(req.chat_template_kwargs or {}))
             except StrataError as e:
                 raise invalid(e.message, param="messages") from None

@@ -77,8 +77,10 @@ def plan_completion(req) -> OutputPlan:
     return OutputPlan(spec, where)
 
 
-def plan_chat(core: Any, req, messages: list[dict]) -> tuple[list[dict], list[dict] | None, OutputPlan]:
-    """(the messages and tools to render, the plan) of a chat request."""
+def plan_chat(core: Any, req, messages: list[dict], hide=lambda value: value) -> tuple[list[dict], list[dict] | None, OutputPlan]:
+    """(the messages and tools to render, the plan) of a chat request. `hide`: what the
+    request's own strings go through before they are rendered (ContentText.hide: special-token
+    text in a tool's description stays text, also where the tools are written into a message)."""
     spec, where = format_constraint(req)
     if not req.tools:
         if req.tool_choice not in (None, "none", "auto"):
@@ -88,7 +90,7 @@ def plan_chat(core: Any, req, messages: list[dict]) -> tuple[list[dict], list[di
 
     fmt = tool_format_for(core.chat)
     try:
-        shown, tools = fmt.prepare(messages, req.tools, req.tool_choice)
+        shown, tools = fmt.prepare(messages, hide(req.tools), req.tool_choice)
         choice = resolve_choice(req.tool_choice, req.tools)
         forced = fmt.constraint(req.tools, req.tool_choice, req.parallel_tool_calls is not False)
     except StrataError as e:
