@@ -16,7 +16,7 @@ from strata.pack.loader import open_pack
 from strata.server.app import model_id_of, slug
 from strata.server.config import config_from_dict, load_config, with_overrides
 from support.early import Early, selected
-from support.server_proc import HTTP, StrataProcess, spawn_serve
+from support.server_proc import HTTP, StrataProcess, healthy, spawn_serve
 from tests.support.model_fixtures import default_model_or_skip, synth_model
 
 default_model_or_skip()
@@ -54,12 +54,8 @@ def early(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     p = spawn_serve(tmp_path_factory.mktemp("access"), {"parallel": 1, "args": ["--max-context", "512"]})
-    try:
-        p.wait_listening()
-        p.wait_healthy()
+    with healthy(p):
         yield p
-    finally:
-        p.kill_tree()
 
 
 def logged(p: StrataProcess, start: int, method: str, path: str, status: int, who: str = "strata serve"):

@@ -26,7 +26,7 @@ import pytest
 
 from strata.server.supervisor import DIED_MESSAGE, WATCH_ANSWER_S, WATCH_MISSES
 from support.early import Early, selected
-from support.server_proc import HTTP, metric, spawn_serve, wait_until
+from support.server_proc import HTTP, healthy, metric, spawn_serve, wait_until
 from support.together import IN_FLIGHT, send_together
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
@@ -70,24 +70,16 @@ def raising(tmp_path_factory):
     d = tmp_path_factory.mktemp("raising")
     pack = pack_with_template(d / "spin.gguf", SPIN)
     p = spawn_with_faults(tmp_path_factory, "raising", "window-raise@1", "--pack", str(pack))
-    try:
-        p.wait_listening()
-        p.wait_healthy()
+    with healthy(p):
         yield p
-    finally:
-        p.kill_tree()
 
 
 @pytest.fixture(scope="module")
 def hanging(tmp_path_factory, early):
     """Every window slot 1 is in blocks; the engine's watchdog allows WATCHDOG_S."""
     p = early.take("hanging", lambda: spawn_hanging(tmp_path_factory))
-    try:
-        p.wait_listening()
-        p.wait_healthy()
+    with healthy(p):
         yield p
-    finally:
-        p.kill_tree()
 
 
 def streamed_text(events: list[str]) -> tuple[str, str | None]:

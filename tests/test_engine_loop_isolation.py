@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from support.server_proc import HTTP, StrataProcess
+from support.server_proc import HTTP, StrataProcess, healthy
 
 KEY = "loop-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -49,12 +49,8 @@ def engine(tmp_path_factory):
     pack = _pack_with_template(tmp_path_factory.mktemp("engine-loop"), TEMPLATE)
     p = StrataProcess("engine", ["--pack", pack, "--device", "cpu", "--port", "0", "--api-key", KEY,
                                  "--parallel", "2", "--max-queued", "3", "--max-context", str(N_CTX)])
-    try:
-        p.wait_listening()
-        p.wait_healthy()
+    with healthy(p):
         yield p
-    finally:
-        p.kill_tree()
 
 
 class Streamer:

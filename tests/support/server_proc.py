@@ -158,15 +158,23 @@ def start_serve(tmp_path: Path, config: dict | str | None, *extra: str) -> Strat
 
 
 @contextlib.contextmanager
-def serving(tmp_path: Path, config: dict | str | None, *extra: str):
-    """A healthy `strata serve` child for the block (a module fixture's body), killed with its
-    engine after it."""
-    p = start_serve(tmp_path, config, *extra)
+def healthy(p: StrataProcess):
+    """`p` (a started child) once it listens and is healthy, for the block (a module fixture's
+    body); killed with its children after it, whatever happened."""
     try:
+        p.wait_listening()
         p.wait_healthy()
         yield p
     finally:
         p.kill_tree()
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, config: dict | str | None, *extra: str):
+    """A healthy `strata serve` child for the block (a module fixture's body), killed with its
+    engine after it."""
+    with healthy(spawn_serve(tmp_path, config, *extra)) as p:
+        yield p
 
 
 def openai_client(server: StrataProcess, key: str, timeout: float = 120):
