@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
+from strata.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
 PROMPTS = ["Hello there, how are you today?", "Write a haiku about rain.", "List three colors.",
            "Explain what a hash map is.", "What is the capital of France?", "Give me a recipe for soup.",

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from strata.backend.cuda import PROMPT_GEMM_ROWS  # noqa: E402
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
+from strata.protocol import GenerationRequest, SamplingParams  # noqa: E402
 
 GRAPHS = {"STRATA_CUDA_GRAPHS": "1", "STRATA_CUDA_FUSED": "1", "STRATA_CUDA_GROUPED": "1", "STRATA_CUDA_ATT_GQA_MIN": "16",
           "STRATA_CUDA_PREFILL": "1", "STRATA_CUDA_PROMPT_TILE": str(PROMPT_GEMM_ROWS),

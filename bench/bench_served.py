@@ -203,7 +203,7 @@ class EngineAlone:
         sys.path.insert(0, str(tree))
         from strata.engine.core import EngineCore
         from strata.engine.options import parse_engine_args
-        from strata.engine.protocol import GenerationRequest, SamplingParams
+        from strata.protocol import GenerationRequest, SamplingParams
 
         self._request, self._params = GenerationRequest, SamplingParams
         self.core = EngineCore.load(parse_engine_args(engine_args, serving=False), log=lambda s: None)

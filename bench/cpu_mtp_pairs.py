@@ -21,7 +21,7 @@ import time
 
 from strata.engine.core import EngineCore
 from strata.engine.options import parse_engine_args
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.mtp.train.prompts import HELD_OUT
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from strata.batch.budget import PrefillSharing  # noqa: E402
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import GenerationRequest, SamplingParams, TokenEvent  # noqa: E402
+from strata.protocol import GenerationRequest, SamplingParams, TokenEvent  # noqa: E402
 
 
 def greedy(n: int) -> SamplingParams:

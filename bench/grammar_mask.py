@@ -31,7 +31,7 @@ import types
 import numpy as np
 
 from strata.defaults import default_model_path
-from strata.engine.protocol import ConstraintSpec
+from strata.protocol import ConstraintSpec
 from strata.gguf.reader import GGUFFile
 from strata.grammar import compile_constraint, strict_schema
 from strata.grammar.schema import WHITESPACE_RUN

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import GenerationRequest, SamplingParams, TokenEvent  # noqa: E402
+from strata.protocol import GenerationRequest, SamplingParams, TokenEvent  # noqa: E402
 
 
 def ttft(core: EngineCore, prompt: list[int]) -> tuple[float, int]:

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from strata.engine.sampling_bounds import SAMPLING_BOUNDS
+from strata.sampling.bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
 from strata.server.config import config_from_dict
 from strata.server.errors import APIError

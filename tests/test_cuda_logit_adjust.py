@@ -10,8 +10,8 @@ from tests.support.gpu import require_cuda, synth_for_gpu
 
 cp = require_cuda()
 
-from strata.engine.protocol import SamplingParams  # noqa: E402
-from strata.logit_adjust import apply_rows, row_adjust  # noqa: E402
+from strata.protocol import SamplingParams  # noqa: E402
+from strata.sampling.logit_adjust import apply_rows, row_adjust  # noqa: E402
 
 
 def test_device_rows_equal_host_rows():

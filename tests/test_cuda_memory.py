@@ -139,7 +139,7 @@ LOST_CONTEXT = """
 import os, sys, threading
 from strata.engine.core import EngineCore
 from strata.engine.options import parse_engine_args
-from strata.engine.protocol import GenerationRequest, SamplingParams
+from strata.protocol import GenerationRequest, SamplingParams
 core = EngineCore.load(parse_engine_args(["--pack", sys.argv[1], "--device", "cuda"], serving=False),
                        log=lambda line: print(line, flush=True))
 fatal, whys = threading.Event(), []

@@ -20,9 +20,9 @@ from tests.support.gpu import require_cuda, require_synth_tokenizer, synth_for_g
 
 cp = require_cuda()
 
-from strata.engine.protocol import SamplingParams  # noqa: E402
+from strata.protocol import SamplingParams  # noqa: E402
 from strata.kernels.cuda import sample  # noqa: E402
-from strata.sampling import distribution, sample_from, sampler_row  # noqa: E402
+from strata.sampling.filters import distribution, sample_from, sampler_row  # noqa: E402
 
 SEED = int.from_bytes(os.urandom(4), "little")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.batch.scheduler import Scheduler, SchedulerConfig
-from strata.engine.protocol import GenerationRequest, SamplingParams
+from strata.protocol import GenerationRequest, SamplingParams
 from strata.model.transformer import Span
 from tests.support.model_fixtures import chat_ids, engine
 

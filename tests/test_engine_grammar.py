@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from strata.engine.protocol import ConstraintSpec, SamplingParams
+from strata.protocol import ConstraintSpec, SamplingParams
 from tests.support.engines import load_engine, request, run_all, shared_seed_moe
 from tests.support.model_fixtures import chat_ids, engine
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from strata.batch.budget import MIN_CHUNK
 from strata.batch.scheduler import Scheduler, SchedulerConfig
-from strata.engine.protocol import TokenEvent
+from strata.protocol import TokenEvent
 from tests.support.engines import greedy, request
 from tests.support.model_fixtures import chat_ids, engine
 

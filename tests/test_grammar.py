@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from strata.engine.protocol import ConstraintSpec
+from strata.protocol import ConstraintSpec
 from strata.grammar import CompiledGrammar, GrammarError, compile_constraint, strict_schema
 from strata.grammar.compile import _LRU
 from strata.grammar.schema import WHITESPACE_RUN

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from strata.engine.protocol import ConstraintSpec, SamplingParams
+from strata.protocol import ConstraintSpec, SamplingParams
 from strata.grammar import GrammarError, compile_constraint, matcher as grammar_matcher
 from support import shared_server
 from support.shared_server import AUTH, MODEL

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from strata.batch.scheduler import Scheduler, SchedulerConfig
-from strata.engine.protocol import SamplingParams
-from strata.logit_adjust import apply_rows, row_adjust
+from strata.protocol import SamplingParams
+from strata.sampling.logit_adjust import apply_rows, row_adjust
 from strata.model.transformer import Span
-from strata.sampling import distribution
+from strata.sampling.filters import distribution
 from tests.support.engines import collect, load_engine, request, run_all, shared_seed_moe
 from tests.support.model_fixtures import chat_ids, engine, logits_of
 from tests.support.proposers import SampledProposer

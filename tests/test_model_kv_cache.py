@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.protocol import GenerationRequest, SamplingParams
+from strata.protocol import GenerationRequest, SamplingParams
 from strata.errors import StrataError
 from strata.model.transformer import Span
 from tests.support.model_fixtures import Float32KV, chat_ids, engine, load_engine, log_softmax, logits_of, run

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.batch.slots import Slot
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 from strata.mtp.proposer import DraftProposer
 
 

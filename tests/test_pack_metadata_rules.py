@@ -44,7 +44,7 @@ def load(path: Path):
     """The engine's own load on the CPU and one generated token; the finish event."""
     from strata.engine.core import EngineCore
     from strata.engine.options import EngineOptions
-    from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+    from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
 
     core = EngineCore.load(EngineOptions(pack=str(path), device="cpu"), log=lambda line: None)
     handle = core.submit(GenerationRequest(core.tokenizer.encode("hi"), SamplingParams(max_tokens=1)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.engine.protocol import GenerationRequest, SamplingParams
+from strata.protocol import GenerationRequest, SamplingParams
 from tests.support.engines import collect, load_engine, shared_seed_moe, shared_tiny
 from tests.support.model_fixtures import default_model_or_skip, plain_scheduler
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.protocol import GenerationRequest, SamplingParams
-from strata.sampling import distribution, is_greedy, sample
+from strata.protocol import GenerationRequest, SamplingParams
+from strata.sampling.filters import distribution, is_greedy, sample
 from tests.support.model_fixtures import chat_ids, drain, engine
 
 # probabilities 0.5, 0.3, 0.15, 0.05 (as logits), shuffled so order != index

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from strata.engine.protocol import SamplingParams
-from strata.sampling import distribution, make_rng, sample
+from strata.protocol import SamplingParams
+from strata.sampling.filters import distribution, make_rng, sample
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, seed=1),

@@ -11,8 +11,8 @@ import types
 
 import numpy as np
 
-from strata.engine.protocol import SamplingParams
-from strata.sampling import distribution
+from strata.protocol import SamplingParams
+from strata.sampling.filters import distribution
 from tests.support.engines import request, run_all
 from tests.support.model_fixtures import engine
 

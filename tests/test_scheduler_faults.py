@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from strata.batch.faults import FaultInjector
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import StrataError
 from support.server_proc import wait_until
 from tests.support.engines import greedy, load_engine, request

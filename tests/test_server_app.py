@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from strata.engine.protocol import FinishEvent, RequestHandle, TokenEvent, TopLogprob
+from strata.protocol import FinishEvent, RequestHandle, TokenEvent, TopLogprob
 from strata.server.app import SHUTDOWN_MESSAGE, EngineAPI
 from strata.server.serving import bind, serve
 from support import raw_http

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.engine.core import EngineCore  # noqa: E402
 from strata.engine.options import parse_engine_args  # noqa: E402
-from strata.engine.protocol import GenerationRequest, SamplingParams  # noqa: E402
+from strata.protocol import GenerationRequest, SamplingParams  # noqa: E402
 from strata.model.transformer import Span  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.engine.protocol import EventQueue
+from strata.protocol import EventQueue
 
 
 class Delivery:

@@ -41,13 +41,13 @@ from strata.batch.output import TextOutput
 from strata.batch.prefix_cache import BLOCK, PrefixCache
 from strata.batch.prefix_cache import supports as prefix_supports
 from strata.batch.slots import Slot
-from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
-from strata.logit_adjust import apply_rows, banned_now, has_adjustments, penalty_tail, row_adjust
+from strata.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
+from strata.sampling.logit_adjust import apply_rows, banned_now, has_adjustments, penalty_tail, row_adjust
 from strata.model.recurrent_state import StateLost
 from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
-from strata.mtp.verify import verify
-from strata.sampling import distribution, is_greedy, log_softmax, sampler_row
+from strata.sampling.verify import verify
+from strata.sampling.filters import distribution, is_greedy, log_softmax, sampler_row
 
 
 @dataclass
@@ -718,7 +718,7 @@ class Scheduler:
         return hidden, b.to_host(picked)
 
     def _adjust_logits(self, entries: list[_Entry], logits: Any) -> None:
-        """The requests' logit adjustments (strata.logit_adjust), applied to the window's rows
+        """The requests' logit adjustments (strata.sampling.logit_adjust), applied to the window's rows
         where they are: row j of a decode entry is adjusted as if its first j drafts were
         already output (their tokens in the penalty window, the grammar advanced past them)."""
         if not any(e.slot.adjusted for e in entries):

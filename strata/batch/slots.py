@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from strata.batch.output import TextOutput
-from strata.engine.protocol import RequestHandle
+from strata.protocol import RequestHandle
 from strata.model.kv_cache import KVCache
 
 
@@ -54,7 +54,7 @@ class Slot:
     output: TextOutput | None = None
     history: list[int] = field(default_factory=list)  # prompt and output: the penalties' window
     matcher: Any = None  # the request's grammar state (strata.grammar.Matcher), when it has one
-    adjusted: bool = False  # the request changes its logits (strata.logit_adjust)
+    adjusted: bool = False  # the request changes its logits (strata.sampling.logit_adjust)
     cached: int = 0  # prompt tokens whose KV came from the prefix cache
     embed_sum: Any = None  # an embedding request's running sum of final-normed hiddens
     block_hidden: dict[int, Any] = field(default_factory=dict)  # prefix-cache block -> main hidden at its end

@@ -9,7 +9,7 @@ import sys
 import time
 
 from strata.engine.options import EngineOptions, add_engine_arguments, bounded
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import EXIT_DEVICE_LOST
 from strata.text.tokenizer import refuse_lone_surrogates
 
@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     g.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     g.add_argument("--system", default=None, help="a system message")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    # the ranges of the HTTP API's fields of the same names (strata.engine.sampling_bounds)
+    # the ranges of the HTTP API's fields of the same names (strata.sampling.bounds)
     g.add_argument("--max-tokens", type=bounded("max_tokens"), default=128, help="tokens to generate at most (>= 1)")
     g.add_argument("--temperature", type=bounded("temperature"), default=0.0, help="0 (greedy) to 2")
     g.add_argument("--top-k", type=bounded("top_k"), default=0, help="sample among the K likeliest tokens (0: off)")

@@ -1,6 +1,6 @@
 """The engine core: loads a pack, builds the model, probes capabilities, runs the scheduler.
 
-Front ends (the HTTP API, `strata generate`) talk to it through strata.engine.protocol.
+Front ends (the HTTP API, `strata generate`) talk to it through strata.protocol.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_defa
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.context_room import check_one_slot_fits, past_training_warning
 from strata.engine.options import EngineOptions
-from strata.engine.protocol import GenerationRequest, RequestHandle
+from strata.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
-from strata.logit_adjust import bans_everything
+from strata.sampling.logit_adjust import bans_everything
 from strata.model.build import build_model
 from strata.mtp.draft import DraftModel
 from strata.mtp.proposer import DraftProposer

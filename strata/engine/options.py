@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Callable
 
-from strata.engine.sampling_bounds import SAMPLING_BOUNDS
+from strata.sampling.bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
 
 # flag -> why it has no effect in this build (said once at start-up when the flag is given)

@@ -1,6 +1,6 @@
 """Constrained decoding: the output held to a JSON schema or a grammar, one token at a time.
 
-A request's ConstraintSpec (strata.engine.protocol) is compiled once per tokenizer
+A request's ConstraintSpec (strata.protocol) is compiled once per tokenizer
 (`compile_constraint`, cached); each request takes a fresh `Matcher` from the compiled grammar.
 Before a token is sampled the engine asks the matcher for the set of allowed tokens
 (`fill_mask`, a bit set over token ids), and after it is chosen tells the matcher

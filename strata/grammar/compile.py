@@ -49,7 +49,7 @@ def _lark(source: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(source)
 
 
-# kind -> llguidance grammar text from the spec's source (strata.engine.protocol.ConstraintSpec)
+# kind -> llguidance grammar text from the spec's source (strata.protocol.ConstraintSpec)
 KINDS: dict[str, Callable[[str], str]] = {
     "json_object": _json_object,  # any JSON object; source unused
     "json_schema": _json_schema,  # source: the schema as JSON text, made strict (schema.py)

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from strata.batch.slots import Slot
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 from strata.mtp.draft import DraftModel
-from strata.sampling import distribution, is_greedy, sample_from
+from strata.sampling.filters import distribution, is_greedy, sample_from
 
 
 def top_probability(logits: np.ndarray) -> float:

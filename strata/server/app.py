@@ -24,7 +24,7 @@ from urllib.parse import quote
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from strata.engine.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
+from strata.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
 from strata.server import embeddings, llama_routes, request_cost, sse, tool_use
 from strata.server import route_privacy

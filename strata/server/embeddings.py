@@ -1,7 +1,7 @@
 """POST /v1/embeddings: OpenAI's embeddings route over a causal language model.
 
 What the vector is: the engine prefills the input and returns the mean of its final-normed
-hidden states over the input's tokens, L2-normalised (strata/engine/protocol.py,
+hidden states over the input's tokens, L2-normalised (strata/protocol.py,
 GenerationRequest.embed). The model was trained to predict the next token, not to embed, so
 the vectors are usable for rough similarity between texts, not as a trained embedding model's
 (docs/SERVER.md, "Embeddings").
@@ -22,7 +22,7 @@ import numpy as np
 from fastapi.responses import Response
 from pydantic import Field, field_validator
 
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import StrataError
 from strata.server.common import json_answer, wait_for_disconnect
 from strata.server.errors import APIError, invalid

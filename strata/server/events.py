@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import AsyncIterator
 
-from strata.engine.protocol import FinishEvent, RequestHandle, TokenEvent
+from strata.protocol import FinishEvent, RequestHandle, TokenEvent
 
 Event = TokenEvent | FinishEvent
 

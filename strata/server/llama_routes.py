@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from strata import __version__
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 from strata.server.common import Cancelled, json_answer, json_bytes
 from strata.server.errors import invalid
 from strata.server.schemas import MAX_PROMPT_IDS, Strict, TokenId
@@ -24,8 +24,8 @@ from strata.server.schemas import MAX_PROMPT_IDS, Strict, TokenId
 if TYPE_CHECKING:
     from strata.server.app import EngineAPI
 
-# the order Strata's samplers run in, under llama-server's names (strata/logit_adjust.py, then
-# strata/sampling.py): bias, penalties and grammar first, then temperature and the filters
+# the order Strata's samplers run in, under llama-server's names (strata/sampling/logit_adjust.py, then
+# strata/sampling/filters.py): bias, penalties and grammar first, then temperature and the filters
 SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
 # The most content a /tokenize takes: its answer then has at most this many tokens (+ BOS, EOS),
 # each token rendered with its piece (docs/SERVER.md, "Request limits")

@@ -19,8 +19,8 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from strata.engine.protocol import SamplingParams
-from strata.engine.sampling_bounds import MAX_TOKENS, SAMPLING_BOUNDS, Bound
+from strata.protocol import SamplingParams
+from strata.sampling.bounds import MAX_TOKENS, SAMPLING_BOUNDS, Bound
 from strata.server import field_policy, logit_bias
 from strata.server.errors import APIError, invalid
 from strata.server.strict_json import parse_json_object  # noqa: F401 - the routes' body parser

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from strata.engine.protocol import ConstraintSpec
+from strata.protocol import ConstraintSpec
 from strata.errors import StrataError
 from strata.server.errors import invalid
 

@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strata.engine.protocol import ConstraintSpec
+from strata.protocol import ConstraintSpec
 from strata.errors import StrataError
 from strata.grammar.schema import lark_json_rule
 from strata.text.chat_template import ChatTemplate, normalize_messages

@@ -37,7 +37,7 @@ def limit_memory() -> None:
 def load_and_generate(path: str) -> dict:
     from strata.engine.core import EngineCore
     from strata.engine.options import EngineOptions
-    from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+    from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
     from strata.errors import StrataError
 
     core = None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from strata.engine.core import EngineCore
 from strata.engine.options import parse_engine_args
-from strata.engine.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
 
 
 def make_seed_moe(out: Path) -> Path:

@@ -147,13 +147,13 @@ def _load(args: list[str], device: str):
 
 
 def _params(logprobs: bool):
-    from strata.engine.protocol import SamplingParams
+    from strata.protocol import SamplingParams
 
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=logprobs, top_logprobs=2 if logprobs else 0)
 
 
 def _drain(handle, timeout: float = 300.0):
-    from strata.engine.protocol import FinishEvent
+    from strata.protocol import FinishEvent
 
     events = []
     while True:
@@ -167,7 +167,7 @@ def _drain(handle, timeout: float = 300.0):
 
 def run_mode(core, mode: str, prompts) -> tuple[list[list[int]], list[list[float]] | None]:
     """(tokens per prompt, per-step top1-top2 logprob margins per prompt or None) of one mode."""
-    from strata.engine.protocol import GenerationRequest
+    from strata.protocol import GenerationRequest
 
     together = MODE_FLAGS[mode][1]
     logprobs = mode == "logprobs"

@@ -144,7 +144,7 @@ def load_model(path):
 
 def drain(handle, timeout: float = 120.0):
     """(token events, finish event) of a request."""
-    from strata.engine.protocol import FinishEvent
+    from strata.protocol import FinishEvent
 
     events = []
     while True:
@@ -156,7 +156,7 @@ def drain(handle, timeout: float = 120.0):
 
 def run(core, ids, **params):
     """Submit one request, drive the scheduler on this thread, return (events, finish)."""
-    from strata.engine.protocol import GenerationRequest, SamplingParams
+    from strata.protocol import GenerationRequest, SamplingParams
 
     handle = core.submit(GenerationRequest(list(ids), SamplingParams(**params)))
     core.scheduler.run_until_idle()
@@ -184,7 +184,7 @@ def plain_greedy(prompts, max_tokens: int) -> list[list[int]]:
     """Plain decoding's greedy tokens (one request at a time, no draft) for each prompt, cut at
     max_tokens; each prompt is decoded once per process (to max(max_tokens, PLAIN_MIN_TOKENS):
     greedy tokens do not depend on the cap, so a shorter ask is the prefix of a longer one)."""
-    from strata.engine.protocol import GenerationRequest, SamplingParams
+    from strata.protocol import GenerationRequest, SamplingParams
 
     out = []
     for p in prompts:

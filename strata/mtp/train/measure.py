@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from strata.engine.protocol import GenerationRequest, SamplingParams
+from strata.protocol import GenerationRequest, SamplingParams
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 
 
 def is_greedy(params: SamplingParams) -> bool:

@@ -29,7 +29,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0  # 0..20
     # Logit adjustments, applied where the row is sampled (on the device for GPU slots) and
-    # seen by the speculative verifier as the distribution itself (strata/logit_adjust.py):
+    # seen by the speculative verifier as the distribution itself (strata/sampling/logit_adjust.py):
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (-inf bans)
     # llama-server's penalties over the last repeat_last_n tokens (prompt and output; -1: the
     # whole sequence, 0: off): a repeated token's logit is divided by repetition_penalty when

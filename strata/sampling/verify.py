@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from strata.sampling import sample_from
+from strata.sampling.filters import sample_from
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from strata.engine.protocol import SamplingParams
+from strata.protocol import SamplingParams
 
 BANNED = float("-inf")
 
