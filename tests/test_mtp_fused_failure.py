@@ -206,7 +206,7 @@ def test_a_state_that_cannot_go_back_ends_its_request_and_the_fused_neighbour_ke
     """The fused window fails and slot 1's cache cannot be cut back to where the window began
     (as a recurrent state without a rollback copy, updated in place): that window is a failed
     window as before (slot 1's request ends, slot 0 reruns alone), and slot 0 keeps MTP."""
-    from strata.model.recurrent_state import StateLost
+    from strata.model.state import StateLost
 
     core, lines = _mtp_engine(pack, True, _Once("mtp-fused@0", skip=2))
     sch = core.scheduler

@@ -12,7 +12,7 @@ import pytest
 from strata.backend.cpu import CpuBackend
 from strata.batch.faults import FaultInjector
 from strata.engine.checkpoints import MARGIN_BYTES, checkpoint_budget, checkpoint_count, plan_checkpoints
-from strata.model.recurrent_state import StateLost
+from strata.model.state import StateLost
 from strata.model.transformer import Span
 from strata.pack.presets import TINY
 from strata.pack.synth import synth_pack

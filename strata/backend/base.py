@@ -161,6 +161,7 @@ class Backend(ABC):
         return self.xp.argmax(x, axis=-1)
 
     samples_on_device = False  # whether sample_rows draws tokens itself
+    graphs: Any = None  # a backend that captures windows (CUDA: cuda_graphs.WindowGraphs) sets its graph runner
     # whether a window's forward returns once its work is issued (the device runs it while the
     # host goes on) rather than once it is done
     issues_async = False

@@ -43,7 +43,7 @@ from strata.batch.prefix_cache import supports as prefix_supports
 from strata.batch.slots import Slot
 from strata.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent, TopLogprob
 from strata.sampling.logit_adjust import apply_rows, banned_now, has_adjustments, penalty_tail, row_adjust
-from strata.model.recurrent_state import StateLost
+from strata.model.state import StateLost
 from strata.model.transformer import Span, Transformer
 from strata.mtp.fused_window import forward_with_next_drafts
 from strata.sampling.verify import verify
@@ -79,7 +79,7 @@ def fused_drafts_default(backend: Any) -> bool:
     forced = os.environ.get(FUSED_DRAFTS_ENV, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    return getattr(backend, "graphs", None) is not None
+    return backend.graphs is not None
 
 
 @dataclass

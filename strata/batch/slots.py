@@ -76,7 +76,7 @@ class Slot:
     def rolls_back(self) -> bool:
         """Whether its cache can go back to a window's start: not a hybrid model's recurrent
         state without a rollback copy (strata/model/recurrent_state.py); such a slot never drafts."""
-        return getattr(self.cache, "checkpointed", True)
+        return self.cache.checkpointed
 
     @property
     def prefilling(self) -> bool:

@@ -13,6 +13,8 @@ from strata.errors import StrataError
 
 
 class KVCache:
+    checkpointed = True  # a KV cache forgets positions exactly: truncate goes back anywhere (state.SequenceState)
+
     def __init__(self, xp: Any, n_layer: int, n_kv: int, head_dim: int, max_ctx: int, kind: str = "f16",
                  initial: int = 256):
         if kind not in ("f16", "int8"):

@@ -41,6 +41,7 @@ from typing import Any
 
 from strata.errors import StrataError
 from strata.model.kv_cache import KVCache
+from strata.model.state import StateLost
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,6 @@ class RecurrentShape:
     @property
     def state_floats(self) -> int:
         return self.conv_rows * self.channels + self.heads * self.head_v * self.head_k
-
-
-class StateLost(StrataError):
-    """A sequence without a checkpoint was asked to go back to where its state no longer is."""
 
 
 class RecurrentPool:
