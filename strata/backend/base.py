@@ -161,6 +161,10 @@ class Backend(ABC):
         return self.xp.argmax(x, axis=-1)
 
     samples_on_device = False  # whether sample_rows draws tokens itself
+    def start_line(self) -> str | None:
+        """A line for the engine's start-up log about how this backend runs (None: nothing to say)."""
+        return None
+
     graphs: Any = None  # a backend that captures windows (CUDA: cuda_graphs.WindowGraphs) sets its graph runner
     # whether a window's forward returns once its work is issued (the device runs it while the
     # host goes on) rather than once it is done

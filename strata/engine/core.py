@@ -194,9 +194,9 @@ class EngineCore:
         self.chat = ChatTemplate.from_metadata(md)
         _check_room(backend, pack.tensors.values(), f"pack {label}")
         src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
-        start_line = getattr(backend, "start_line", None)  # the CPU's: its BLAS thread count and why
-        if start_line is not None:  # (once the pack and the draft are accepted: a refusal stays one line)
-            log(start_line())
+        line = backend.start_line()  # the CPU's: its BLAS thread count and why
+        if line is not None:  # (once the pack and the draft are accepted: a refusal stays one line)
+            log(line)
         get = lambda name: pack.tensors.get(name)  # noqa: E731
         with _load_errors(backend, f"pack {label}"):
             self.model = build_model(backend, cfg, get,
