@@ -18,9 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from strata.errors import StrataError
 from strata.text import chat_template as ct
-from strata.text import template_limits
+from strata.text import template_budget
 from strata.text.chat_template import ChatTemplate
-from strata.text.template_limits import ChatTemplateError, TemplateLimitError, TemplateLimits
+from strata.text.template_budget import ChatTemplateError, TemplateLimitError, TemplateLimits
 
 USER = [{"role": "user", "content": "hi"}]
 MiB = 1 << 20
@@ -52,7 +52,7 @@ class ClockLooks:
         self.steps: list[int] = []
         self.stopped: list[bool] = []
         self.seconds = 0.0
-        check = template_limits.Budget.check_time
+        check = template_budget.Budget.check_time
 
         def spied(budget) -> None:
             self.steps.append(budget.limits.loop_items - budget.loop_left)
@@ -62,7 +62,7 @@ class ClockLooks:
                 self.stopped.append(True)
                 raise
             self.stopped.append(False)
-        monkeypatch.setattr(template_limits.Budget, "check_time", spied)
+        monkeypatch.setattr(template_budget.Budget, "check_time", spied)
 
     def __enter__(self) -> "ClockLooks":
         self.t0 = time.monotonic()

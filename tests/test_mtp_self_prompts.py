@@ -11,7 +11,8 @@ import pytest
 
 from strata.mtp.train.collect import answer_modes, generate
 from strata.mtp.train.self_prompts import user_turn_prefix, write_prompts
-from strata.mtp.train.trainer import SELF_KIND, TrainConfig, _interleave, collect_data, load_target
+from strata.mtp.train.config import TrainConfig
+from strata.mtp.train.data import SELF_KIND, _interleave, collect_data, load_target
 
 
 @pytest.fixture(scope="module")

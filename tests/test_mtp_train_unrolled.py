@@ -19,7 +19,7 @@ from strata.mtp.draft import DraftModel, find_draft  # noqa: E402
 from strata.mtp.train.measure import chat_ids, load_core  # noqa: E402
 from strata.mtp.train.net import DraftNet, Dims  # noqa: E402
 from strata.mtp.train.prompts import HELD_OUT  # noqa: E402
-from strata.mtp.train.trainer import draft_weights  # noqa: E402
+from strata.mtp.train.weights import draft_weights  # noqa: E402
 from strata.model.transformer import Span  # noqa: E402
 
 

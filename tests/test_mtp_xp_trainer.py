@@ -67,7 +67,7 @@ def _rel(a, b) -> float:
 @pytest.mark.parametrize("neox,qk", CASES)
 def test_forward_loss_and_gradients_equal_torch(neox, qk, dtype, tol):
     torch = pytest.importorskip("torch")
-    from strata.mtp.train.trainer import batch_loss
+    from strata.mtp.train.fit_torch import batch_loss
 
     dims, w, embed, head, batch = _model(neox, qk)
     batch = tuple(a.astype(dtype) if a.dtype.kind == "f" else a for a in batch)
@@ -156,7 +156,8 @@ def test_adamw_step_with_clip_and_schedule_equals_torch():
 
 def test_acceptance_equals_torch_teacher_forced():
     torch = pytest.importorskip("torch")
-    from strata.mtp.train.trainer import teacher_forced_acceptance, xp_acceptance
+    from strata.mtp.train.fit import xp_acceptance
+    from strata.mtp.train.fit_torch import teacher_forced_acceptance
 
     dims, w, embed, _, _ = _model(True, True)
     rng = np.random.default_rng(5)
@@ -261,7 +262,7 @@ def test_cli_trains_with_the_xp_trainer_without_torch(tmp_path):
 
 
 def test_step_plan_fits_the_budget_after_twenty_steps():
-    from strata.mtp.train.trainer import StepPlan
+    from strata.mtp.train.fit import StepPlan
 
     logs = []
     plan = StepPlan(1000, 10.0)
@@ -282,7 +283,7 @@ def test_more_answers_per_prompt_are_sampled(tmp_path):
     """--answers: the first answer to each prompt follows sample_every (greedy here), the extra
     ones are sampled, each from its own random stream."""
     from strata.mtp.train.collect import generate
-    from strata.mtp.train.trainer import load_target
+    from strata.mtp.train.data import load_target
 
     core = load_target(str(_tiny_pack(tmp_path)), lambda s: None, "cpu")
     prompts = [("chat", core.tokenizer.encode(t, add_special=True)) for t in ("Hello there", "Tell me a story")]

@@ -86,16 +86,19 @@ def run(args) -> int:
     from strata.errors import StrataError
 
     if args.mtp_command == "vocab":
-        from strata.mtp.train.vocab import vocab_from_answers
+        from strata.mtp.train.pipeline import vocab_from_answers
 
-        vocab_from_answers(args, log=lambda line: print(line, flush=True))
+        vocab_from_answers(args.draft, args.out, args.size, pack=args.pack, device=args.device,
+                           prompts=args.prompts, self_prompts=args.self_prompts, max_new=args.max_new,
+                           slots=args.slots, seed=args.seed, log=lambda line: print(line, flush=True))
         return 0
     if args.mtp_command != "train":
         raise StrataError("strata mtp: expected a subcommand: train or vocab")
     if args.self_prompts and args.data:
         raise StrataError("strata mtp train: --self-prompts and --data exclude each other "
                           "(--self-prompts makes text for the target to write; --data gives the text)")
-    from strata.mtp.train.trainer import TrainConfig, train
+    from strata.mtp.train.config import TrainConfig
+    from strata.mtp.train.pipeline import train
 
     minutes = lambda m: m * 60 if m else None  # noqa: E731
     cfg = TrainConfig(pack=args.pack, out=args.out, steps=args.steps, data=list(args.data), device=args.device,

@@ -24,6 +24,7 @@ from strata.grammar.errors import GrammarError
 from strata.grammar.matcher import CompiledGrammar
 from strata.grammar.schema import JSON_OPTIONS, parse_schema, strict_schema
 from strata.grammar.vocab import PerTokenizer, grammar_vocab
+from strata.protocol import ConstraintSpec
 
 CACHE_ENTRIES = 64  # per tokenizer; a grammar with its warmed automata is ~0.1-2 MB
 
@@ -86,11 +87,11 @@ class _LRU:
 _cache_for = PerTokenizer(lambda tokenizer: _LRU(CACHE_ENTRIES))
 
 
-def compile_constraint(spec, tokenizer, n_vocab: int | None = None) -> CompiledGrammar:
+def compile_constraint(spec: ConstraintSpec, tokenizer, n_vocab: int | None = None) -> CompiledGrammar:
     """The compiled grammar of `spec` (kind, source) for this tokenizer; GrammarError in one
     line when the kind is unknown or the schema / grammar cannot be used. n_vocab is the
     model's logit width when it differs from the tokenizer's vocabulary."""
-    kind, source = getattr(spec, "kind", None), getattr(spec, "source", "")
+    kind, source = spec.kind, spec.source
     build = KINDS.get(kind) if isinstance(kind, str) else None
     if build is None:
         raise GrammarError(f"constraint kind {kind!r}: unknown (known: {', '.join(KINDS)})")

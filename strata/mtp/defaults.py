@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strata.gguf.reader import GGUFFile
+from strata.mtp.draft import NEXTN, find_draft
+
 DEFAULT_DRAFT_FILE = "smollm2-135m-instruct.mtp.gguf"
 DATA_DIR = Path(__file__).parent / "data"
 FINGERPRINT_KEY = "strata-mtp.target_fingerprint"  # "sha256:<hex>" of target_fingerprint()
@@ -55,8 +58,6 @@ def target_fingerprint(pack: Any) -> str:
 @functools.lru_cache(maxsize=None)
 def _shipped_fingerprints(data_dir: Path) -> dict[str, Path]:
     """fingerprint -> shipped draft (read from each draft's header once per process)."""
-    from strata.gguf.reader import GGUFFile
-
     found: dict[str, Path] = {}
     for path in sorted(data_dir.glob("*.gguf")):
         with GGUFFile(path) as f:
@@ -109,8 +110,6 @@ class MtpPlan:
     def find_draft(self, pack: Any):
         """The DraftSource to use (strata.mtp.draft.find_draft), labelled (its messages too) as the
         shipped draft when it is one (not as an --mtp the user never gave)."""
-        from strata.mtp.draft import find_draft
-
         shipped = self.shipped is not None and self.opts.mtp is None
         return find_draft(self.mtp, pack, f"shipped draft {self.shipped.name}" if shipped else None)
 
@@ -128,8 +127,6 @@ def plan_mtp(opts: Any, pack: Any, backend: str, table: dict[str, tuple[int, flo
     """The one decision of MTP defaults, for the engine core and `strata probe`: --mtp named wins;
     else nextn tensors in the pack (find_draft takes them, mtp None); else a shipped draft whose
     fingerprint matches the pack, loaded when --spec > 0 and turned on where DEFAULT_SPEC says."""
-    from strata.mtp.draft import NEXTN
-
     if opts.mtp is not None or any(NEXTN.match(name) for name in pack.tensors):
         return MtpPlan(opts, opts.mtp, False, None)
     if opts.spec == 0 and "--spec" in opts.given_flags:  # MTP off by name: no fingerprint needed

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from strata.gguf.reader import shown
-from strata.mtp.train.export import MTP_ARCH
 from strata.pack.metadata_rules import ALIGNMENT, AT_LEAST_1, NAME, Key, Kind, Relation, checked_table
 from strata.pack.presets import SUPPORTED_ARCHS
 
+MTP_ARCH = "strata-mtp"  # general.architecture of a draft in the docs/MTP.md format (as mtp.train.export writes)
 FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")  # what strata.mtp.defaults.target_fingerprint returns
 
 
@@ -71,9 +71,8 @@ def checked_draft_values(where: str, md: Mapping[str, Any], types: Mapping[str, 
     """Check a draft file's metadata against KEYS and RELATIONS (`where`, e.g. "--mtp d.gguf: ",
     goes in front of the one line); target: the pack it drafts for (a bad value of its own is
     named as the pack's)."""
-    label = getattr(target, "label", "")
-    t = checked_table(f"pack {label}: " if label else "", target.metadata,
-                      getattr(target, "metadata_types", None), None, _TARGET_KEYS, ())
+    t = checked_table(f"pack {target.label}: " if target.label else "", target.metadata,
+                      target.metadata_types, None, _TARGET_KEYS, ())
     given = {name: t[key] for name, key in ((TARGET_ARCH, "general.architecture"),
                                             (TARGET_WIDTH, "embedding_length")) if key in t}
     return checked_table(where, md, types, None, KEYS, RELATIONS, given)

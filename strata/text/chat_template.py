@@ -23,15 +23,9 @@ from typing import Any
 import jinja2
 
 from strata.errors import StrataError
-from strata.text.template_limits import (
-    Budget,
-    ChatTemplateError,
-    LimitedEnvironment,
-    TemplateLimitError,
-    TemplateLimits,
-    applied,
-    text_size,
-)
+from strata.text.template_budget import Budget, ChatTemplateError, TemplateLimitError, TemplateLimits, applied
+from strata.text.template_limits import LimitedEnvironment
+from strata.text.template_sizes import text_size
 
 log = logging.getLogger(__name__)
 

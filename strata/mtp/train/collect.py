@@ -10,6 +10,8 @@ Per sequence we keep tokens x_0..x_{N-1}, hiddens h_0..h_{N-2} (what Transformer
 returns: the input of the output head) and, for the rows where the target's next-token
 distribution was computed, its top-K logits. The draft entry for x_p reads h_{p-1} and is
 taught the target's distribution logits(h_p).
+
+Progress lines are bare ("data: ..."): the command that runs the stage puts its name in front.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def generate(model, prompts: list[tuple[str, list[int]]], *, slots: int = 16, ma
         now = time.perf_counter()
         if now - last_log > 20:
             last_log = now
-            log(f"strata mtp train: data: {len(done)}/{len(prompts)} {what}, {n_tok} tokens generated, "
+            log(f"data: {len(done)}/{len(prompts)} {what}, {n_tok} tokens generated, "
                 f"{n_tok / (now - t0):.0f} tok/s")
     return [seq for _, seq in sorted(done, key=lambda d: d[0])]  # in prompt order, whatever finished first
 
@@ -211,7 +213,7 @@ def prefill_text(model, token_lists: list[list[int]], *, piece: int = 256, batch
                                 np.take_along_axis(idx, order, 1).astype(np.int32),
                                 np.take_along_axis(vals, order, 1).astype(np.float32), "text"))
             off += n
-        log(f"strata mtp train: data: {min(a + batch, len(pieces))}/{len(pieces)} text pieces prefilled "
+        log(f"data: {min(a + batch, len(pieces))}/{len(pieces)} text pieces prefilled "
             f"({time.perf_counter() - t0:.0f} s)")
     return out
 

@@ -14,9 +14,10 @@ from strata.gguf.constants import ValueType as V
 from strata.gguf.writer import GGUFWriter
 from strata.kernels.ggml_types import BY_NAME
 from strata.kernels.quantize import quantize_q8_0
+from strata.mtp.defaults import FINGERPRINT_KEY
 from strata.mtp.draft import VOCAB_TENSOR
+from strata.pack.draft_rules import MTP_ARCH  # the format's name, which the draft's key table checks
 
-MTP_ARCH = "strata-mtp"
 TOP_LEVEL = ("enorm", "hnorm", "eh_proj", "output_norm")  # mtp.<role>.weight; the rest is mtp.blk.<role>.weight
 
 
@@ -32,8 +33,6 @@ def write_draft(path: str | Path, weights: dict[str, np.ndarray], *, target_arch
     draft's vocabulary (ascending token ids, `mtp.vocab`) or None; target_fingerprint: the
     target's (strata.mtp.defaults.target_fingerprint), by which a draft shipped in
     strata/mtp/data/ is found for its model whatever the model's path."""
-    from strata.mtp.defaults import FINGERPRINT_KEY
-
     w = GGUFWriter(path)
     w.add_metadata("general.architecture", MTP_ARCH, V.STRING)
     w.add_metadata("general.name", name, V.STRING)

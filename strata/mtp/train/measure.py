@@ -10,6 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from strata.engine.core import EngineCore
+from strata.engine.options import parse_engine_args
+from strata.model.transformer import Span
 from strata.protocol import GenerationRequest, SamplingParams
 
 
@@ -85,9 +90,6 @@ def run_prompts(core, prompts: list[list[int]], max_tokens: int, params: Samplin
 
 def load_core(pack: str | None, draft: str | None, spec: int, *, min_p: float = 0.0, parallel: int = 1,
               batch_mtp: bool = False, device: str = "cpu", log=lambda s: None):
-    from strata.engine.core import EngineCore
-    from strata.engine.options import parse_engine_args
-
     args = ["--device", device, "--parallel", str(parallel), "--max-context", "2048"]
     if pack:
         args += ["--pack", str(pack)]
@@ -104,10 +106,6 @@ def divergence(core, prompt: list[int], want: list[int], got: list[int]) -> tupl
     A gap of ~1e-3 means a near-tie that batched and one-row forwards round differently (the
     verifier kept the target's argmax of its window); a large gap would be a real bug.
     """
-    import numpy as np
-
-    from strata.model.transformer import Span
-
     i = next((j for j in range(min(len(want), len(got))) if want[j] != got[j]), None)
     if i is None:
         return None

@@ -43,7 +43,7 @@ def write_prompts(model, tokenizer, chat, n: int, *, slots: int, seed: int, max_
     Requests equal to one in `exclude` (the held-out prompts), case and punctuation aside, are
     dropped: a model this size does write "Why is the sky blue?" on its own."""
     prefix = user_turn_prefix(chat, tokenizer)
-    eog = set(getattr(tokenizer, "eog_ids", set()) or set())
+    eog = set(tokenizer.eog_ids)
     if not eog:
         raise StrataError("strata mtp train: --self-prompts: the tokenizer has no end-of-generation token")
     # about 1 in 5 runs past max_len or repeats another: ask for more than n
@@ -62,5 +62,5 @@ def write_prompts(model, tokenizer, chat, n: int, *, slots: int, seed: int, max_
             out.append(text)
         if len(out) == n:
             break
-    log(f"strata mtp train: data: {len(out)} requests written by the target ({len(seqs)} tries)")
+    log(f"data: {len(out)} requests written by the target ({len(seqs)} tries)")
     return out

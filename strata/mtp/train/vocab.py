@@ -6,7 +6,8 @@ per drafted token. Tokens outside the vocabulary are never proposed, so the cost
 accepted drafts they would have given; verification stays exact whatever the draft proposes.
 
 The counts come from the target's own answers (training data, or answers written for the count
-by `strata mtp vocab`), never from the held-out prompts that acceptance is measured on.
+by `strata mtp vocab`: pipeline.vocab_from_answers), never from the held-out prompts that
+acceptance is measured on.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Iterable
 import numpy as np
 
 from strata.gguf.constants import ValueType as V
-from strata.gguf.out_path import out_file
 from strata.gguf.reader import GGUFFile
 from strata.gguf.writer import write_gguf
 from strata.kernels.ggml_types import BY_NAME
+from strata.mtp.defaults import FINGERPRINT_KEY
 from strata.mtp.draft import VOCAB_TENSOR
 from strata.mtp.train.collect import Sequence
 
@@ -57,8 +58,6 @@ def with_vocab(draft: str | Path, ids: np.ndarray, out: str | Path, note: str | 
                target_fingerprint: str | None = None) -> Path:
     """A copy of a draft GGUF with `mtp.vocab` set to ids (any earlier vocabulary replaced) and,
     given a note, how it was chosen; given the target's fingerprint, that too (FINGERPRINT_KEY)."""
-    from strata.mtp.defaults import FINGERPRINT_KEY
-
     src = GGUFFile(draft)
     try:
         metadata, types = dict(src.metadata), dict(src.metadata_types)
@@ -73,28 +72,3 @@ def with_vocab(draft: str | Path, ids: np.ndarray, out: str | Path, note: str | 
         return write_gguf(out, metadata, tensors, types)
     finally:
         src.close()
-
-
-def vocab_from_answers(args, log=print) -> Path:
-    """`strata mtp vocab`: the target answers prompts (built-in and its own requests), the
-    tokens it wrote most become a copy of the draft's vocabulary."""
-    from strata.mtp.train.trainer import TrainConfig, collect_data, load_target
-
-    GGUFFile(args.draft).close()  # a missing or broken draft fails before any work
-    out_file(args.out, "--out")  # and so does a bad --out
-    inner = log
-    log = lambda line: inner(line.replace("strata mtp train:", "strata mtp vocab:", 1))  # noqa: E731 (shared stages)
-    core = load_target(args.pack, log, args.device)
-    cfg = TrainConfig(pack=args.pack, out=args.out, device=args.device, prompts=args.prompts,
-                      self_prompts=args.self_prompts, max_new=args.max_new, slots=args.slots, seed=args.seed,
-                      held_out_per_kind=1)
-    seqs, _ = collect_data(core, cfg, log)
-    counts = answer_token_counts(seqs, core.model.n_vocab)
-    ids = choose_vocab(counts, args.size, getattr(core.tokenizer, "eog_ids", ()) or ())
-    how = (f"the {ids.size} tokens the target wrote most in {len(seqs)} answers ({int(counts.sum())} tokens, "
-           f"{int((counts > 0).sum())} distinct; {100 * coverage(counts, ids):.1f}% covered), the rest by lowest id")
-    from strata.mtp.defaults import target_fingerprint
-
-    out = with_vocab(args.draft, ids, args.out, note=how, target_fingerprint=target_fingerprint(core.pack))
-    log(f"strata mtp vocab: wrote {out}: {how}")
-    return out
