@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from strata.errors import StrataError
 
@@ -88,17 +88,6 @@ def ensure_default_model(log: Callable[[str], None] | None = None) -> Path:
 def default_model_path() -> Path:
     """Path of the default model (SmolLM2-135M-Instruct Q4_1): installed, cached, or fetched now."""
     return ensure_default_model()
-
-
-def ensure_default_model_for(engine_args: Sequence[str], log: Callable[[str], None] | None = None) -> Path | None:
-    """For `strata serve`: fetch the default model in the server process, before an engine child
-    whose flags name no --pack / --native starts (the child then finds it in the cache)."""
-    from strata.engine.options import parse_engine_args
-
-    opts = parse_engine_args(list(engine_args))
-    if opts.pack is not None or opts.native is not None:
-        return None
-    return ensure_default_model(log)
 
 
 def _stderr(line: str) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from strata.pack.loader import open_pack
-from strata.server.app import model_id_of, slug
+from strata.server.model_id import model_id_of, slug
 from strata.server.config import config_from_dict, load_config, with_overrides
 from support.early import Early, selected
 from support.server_proc import HTTP, StrataProcess, healthy, spawn_serve

@@ -301,9 +301,11 @@ def test_first_use_fetches_unless_offline(index, tmp_path, monkeypatch):
 def test_serve_fetches_only_when_the_engine_args_name_no_model(monkeypatch):
     calls = []
     monkeypatch.setattr(defaults, "ensure_default_model", lambda log=None: calls.append(log) or Path("m.gguf"))
-    assert defaults.ensure_default_model_for(["--pack", "x.gguf", "--parallel", "2"]) is None
-    assert defaults.ensure_default_model_for(["--native", "x.gguf"]) is None and calls == []
-    assert defaults.ensure_default_model_for(["--parallel", "2"]) == Path("m.gguf") and len(calls) == 1
+    from strata.server.config import ensure_default_model_for
+
+    assert ensure_default_model_for(["--pack", "x.gguf", "--parallel", "2"]) is None
+    assert ensure_default_model_for(["--native", "x.gguf"]) is None and calls == []
+    assert ensure_default_model_for(["--parallel", "2"]) == Path("m.gguf") and len(calls) == 1
 
 
 def strata_pull(env: dict[str, str]) -> subprocess.CompletedProcess:

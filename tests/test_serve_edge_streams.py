@@ -10,10 +10,11 @@ import contextlib
 import random
 import re
 
-from strata.server.app import AccessRecord
+from strata.server.access_log import AccessRecord
 from strata.server.config import ServerConfig
 from strata.server.sse import DONE, DoneSplitter
-from strata.server.supervisor import ServeApp, Supervisor
+from strata.server.proxy import ServeApp
+from strata.server.supervisor import Supervisor
 from support import shared_server
 from support.server_proc import metric, openai_client, wait_until
 from support.shared_server import AUTH, KEY, MODEL

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from strata.protocol import FinishEvent, RequestHandle, TokenEvent, TopLogprob
-from strata.server.app import SHUTDOWN_MESSAGE, EngineAPI
+from strata.server.app import EngineAPI
+from strata.server.engine_state import SHUTDOWN_MESSAGE
 from strata.server.serving import bind, serve
 from support import raw_http
 from support.server_proc import wait_until

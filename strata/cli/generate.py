@@ -9,7 +9,7 @@ import sys
 import time
 
 from strata.engine.options import EngineOptions, add_engine_arguments, bounded
-from strata.protocol import FinishEvent, GenerationRequest, SamplingParams
+from strata.protocol import KNOB_DEFAULTS, KNOBS, FinishEvent, GenerationRequest, SamplingParams
 from strata.errors import EXIT_DEVICE_LOST
 from strata.text.tokenizer import refuse_lone_surrogates
 
@@ -27,6 +27,10 @@ def _seed(value: str) -> int | None:
     return n
 
 
+def _flag_knobs() -> dict:
+    return {name: k for name, k in KNOBS.items() if k.flag_help is not None}
+
+
 def add_arguments(p) -> None:
     add_engine_arguments(p, serving=False)
     g = p.add_argument_group("generation")
@@ -34,11 +38,12 @@ def add_arguments(p) -> None:
     g.add_argument("--system", default=None, help="a system message")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     # the ranges of the HTTP API's fields of the same names (strata.sampling.bounds)
-    g.add_argument("--max-tokens", type=bounded("max_tokens"), default=128, help="tokens to generate at most (>= 1)")
-    g.add_argument("--temperature", type=bounded("temperature"), default=0.0, help="0 (greedy) to 2")
-    g.add_argument("--top-k", type=bounded("top_k"), default=0, help="sample among the K likeliest tokens (0: off)")
-    g.add_argument("--top-p", type=bounded("top_p"), default=1.0, help="nucleus sampling, (0, 1]")
-    g.add_argument("--min-p", type=bounded("min_p"), default=0.0, help="drop tokens under P x the top probability, [0, 1]")
+    g.add_argument("--max-tokens", type=bounded("max_tokens"), default=128,
+                   help="tokens to generate at most (>= 1) (default: 128)")
+    for name, k in _flag_knobs().items():  # the sampling knobs with a flag (strata/protocol.py, KNOBS)
+        default = KNOB_DEFAULTS[name] if k.flag_default is None else k.flag_default
+        g.add_argument("--" + name.replace("_", "-"), type=bounded(name), default=default,
+                       help=f"{k.flag_help} (default: {default:g})")
     g.add_argument("--seed", type=_seed, default=None, help="sampling seed in [0, 2**64); -1: random (as llama.cpp)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -61,8 +66,8 @@ def run(args) -> int:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
         msgs.append({"role": "user", "content": args.prompt})
         prompt_ids = core.tokenizer.encode(core.chat.render(msgs), add_special=True)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=list(args.stop))
+    params = SamplingParams(max_tokens=args.max_tokens, seed=args.seed, stop=list(args.stop),
+                            **{name: getattr(args, name) for name in _flag_knobs()})
     handle = core.submit(GenerationRequest(prompt_ids, params))
     t1 = time.perf_counter()
     core.scheduler.run_until_idle()  # the CLI drives windows on its own thread

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     # leaves by itself if this process does (it watches its stdin, a pipe from here).
     first = launch_first(cfg.args, cfg.engine_parallel(), cfg.model)
     try:
-        from strata.server.supervisor import run_server
+        from strata.server.proxy import run_server
 
         return run_server(cfg, first=first)
     finally:

@@ -1,24 +1,21 @@
-"""Engine flags: one parser shared by `strata engine`, `strata generate`, `strata probe`,
-`strata tokenize` and the server's config `args`.
+"""Engine flags, in one table (FLAGS): it generates the parser shared by `strata engine`,
+`strata generate`, `strata probe`, `strata tokenize` and the server's config `args`, and the
+EngineOptions those commands run with (one field per flag, the flag's default its default).
 
-Every flag of the seed config is accepted. Flags this build accepts but does not act on
-are listed in NOT_HONOURED and named in a start-up warning (never silently ignored).
+A row says a flag's spellings, its type and default, its bounds (past them a value is a typo:
+FLAG_BOUNDS), the help line (the default is added to it in `--help`), and, for a flag this
+build accepts but does not act on, why: such a flag is named in a start-up warning, never
+silently ignored (NOT_HONOURED).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Callable
 
 from strata.sampling.bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
-
-# flag -> why it has no effect in this build (said once at start-up when the flag is given)
-NOT_HONOURED: dict[str, str] = {
-    "--expert-profile": "expert profiles only steer host-offloaded expert caches; every expert stays resident",
-    "--kv-resident": "the whole KV cache stays resident; there is no host spill tier",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,24 +79,6 @@ def _cores() -> int:
     return machine_cores()
 
 
-# flag -> its bound (the server config's keys of the same meaning have the same bounds, in
-# strata/server/config.py's NUMBER_BOUNDS)
-FLAG_BOUNDS: dict[str, Bound] = {
-    "--spec": Bound(0, 16, why="drafts past the first few are almost never accepted"),
-    "--parallel": Bound(1, 1024),
-    "--state-checkpoints": Bound(0, 1024),
-    "--max-context": Bound(1, 1 << 30),  # (what the pack's memory holds is checked at load)
-    "--prefix-cache": Bound(0, 1 << 20, why="MiB: 1 TiB"),
-    "--kv-resident": Bound(1, 1 << 30),
-    "--threads": Bound(1, _cores, why="this machine's cores: more BLAS threads only wait on each other"),
-    "--port": Bound(0, 65535),
-    "--max-queued": Bound(0, 100_000),
-    "--body-timeout": Bound(0, DAY, whole=False, why="seconds; 0: no limit"),
-    "--watchdog-s": Bound(1, 7 * DAY, whole=False,
-                          why="seconds: under 1 s an ordinary window trips it"),
-}
-
-
 def check_api_key(key: str) -> str:
     """A bearer key a client can send (the config's `api_key` and `--api-key`; ValueError says why
     not). It is compared with the token after "Bearer ", which HTTP strips and sends as bytes: ""
@@ -120,9 +99,8 @@ def _api_key_flag(value: str) -> str:
         raise argparse.ArgumentTypeError(f"the key is {e}" if str(e).startswith("empty") else f"the key {e}") from None
 
 
-def in_bounds(flag: str, *, auto: bool = False):
-    """argparse type: a number within FLAG_BOUNDS[flag] (or `auto`, None, where auto is True)."""
-    bound = FLAG_BOUNDS[flag]
+def _within(bound: Bound, *, auto: bool = False):
+    """argparse type: a number within `bound` (or `auto`, None, where auto is True)."""
 
     def parse(value: str) -> float | int | None:
         if auto and value.strip().lower() == "auto":
@@ -141,9 +119,6 @@ def in_bounds(flag: str, *, auto: bool = False):
         return v
 
     return parse
-
-
-port_number = in_bounds("--port")  # also `strata serve --port`
 
 
 def name_list(value: str) -> list[str]:
@@ -197,74 +172,151 @@ class _Append(argparse.Action):
 _RECORDING = {"store": _Store, "store_true": _StoreTrue, "append": _Append}
 
 
-class _Flags:
-    """An argument group whose flags record themselves in the namespace's GIVEN."""
+PACK, ENGINE, SERVING = "model", "engine", "serving"  # the argument group of a flag; SERVING: only commands that serve
 
-    def __init__(self, group):
-        self.group = group
 
-    def add_argument(self, *names, action: str = "store", **kw):
-        return self.group.add_argument(*names, action=_RECORDING[action], **kw)
+@dataclass(frozen=True)
+class Flag:
+    """One engine flag. `names[0]` is its name (the one GIVEN records); its EngineOptions field
+    is `attr`: `dest`, else that name without dashes; `kind` is the field's type."""
+
+    names: tuple[str, ...]
+    kind: str
+    default: Any = None
+    help: str | None = None
+    group: str = ENGINE
+    type: Callable[[str], Any] | None = None
+    bound: Bound | None = None  # the values it takes (its type is then the bound's check)
+    auto: bool = False  # with a bound: `auto` is taken too, as None
+    action: str = "store"  # "store", "store_true" or "append"
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    dest: str | None = None
+    not_honoured: str | None = None  # accepted but without effect in this build: why (a start-up warning)
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+    @property
+    def attr(self) -> str:
+        return self.dest or self.name.lstrip("-").replace("-", "_")
+
+    def parse_type(self) -> Callable[[str], Any] | None:
+        return _within(self.bound, auto=self.auto) if self.bound is not None else self.type
+
+    def help_text(self) -> str | None:
+        """The help line with the default, where the default is a value (not off, not 'none')."""
+        shown = self.default not in (None, False, "", []) and "default" not in (self.help or "")
+        if not shown:
+            return self.help
+        return f"{self.help} (default: {self.default})" if self.help else f"default: {self.default}"
+
+    def add_to(self, group) -> None:
+        default = list(self.default) if isinstance(self.default, list) else self.default  # (one list per parser)
+        kw: dict[str, Any] = {"dest": self.attr, "default": default, "help": self.help_text()}
+        if self.action != "store_true":
+            kw.update(type=self.parse_type(), choices=self.choices, metavar=self.metavar)
+        given = {k: v for k, v in kw.items() if v is not None or k == "default"}
+        group.add_argument(*self.names, action=_RECORDING[self.action], **given)
+
+    def dataclass_field(self) -> Any:
+        """The EngineOptions field: a list default is a fresh list per object."""
+        if isinstance(self.default, list):
+            return field(default_factory=lambda d=self.default: list(d))
+        return field(default=self.default)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(("--pack",), "str | None", group=PACK,
+         help="pack directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)"),
+    Flag(("--native",), "str | None", group=PACK, help="main shard of the pack (relative to --pack DIR)"),
+    Flag(("--ple-gguf",), "list[str]", [], group=PACK, action="append", help="extra shard whose tensors join the pack"),
+    Flag(("--mtp",), "str | None", help="MTP draft (file or directory); default: nextn tensors in the pack, else a "
+                                        "shipped draft made for the pack, if any"),
+    Flag(("--spec",), "int", 0, bound=Bound(0, 16, why="drafts past the first few are almost never accepted"),
+         help="draft up to K tokens per window (0: no MTP)"),
+    Flag(("--spec-min-p",), "float", 0.0, type=_probability, help="stop drafting when the draft's top probability is under P"),
+    Flag(("--batch-mtp",), "bool", False, action="store_true",
+         help="every slot verifies its own MTP proposal inside the batched window"),
+    Flag(("--parallel",), "int", 1, bound=Bound(1, 1024), help="number of slots (concurrent sequences)"),
+    # None: auto (strata/engine/checkpoints.py)
+    Flag(("--state-checkpoints",), "int | None", bound=Bound(0, 1024), auto=True, metavar="N|auto",
+         help="hybrid models: how many slots keep a rollback copy of their recurrent state (the "
+              "others never draft and decode one token per window); auto: as many as memory holds"),
+    Flag(("--prefill",), "str", "auto", type=_prefill, help="prefill chunking: auto, auto:N or N tokens per chunk"),
+    # (what the pack's memory holds is checked at load)
+    Flag(("--max-context",), "int | None", bound=Bound(1, 1 << 30), help="context length per sequence (default: the model's)"),
+    Flag(("--kv",), "str", "f16", choices=("f16", "int8"), help="KV cache storage"),
+    Flag(("--prefix-cache",), "int", 1024, bound=Bound(0, 1 << 20, why="MiB: 1 TiB"), metavar="MIB",
+         help="memory for reusing computed prompt prefixes across requests (0: off)"),
+    Flag(("--kv-resident",), "int | None", bound=Bound(1, 1 << 30), help="(accepted; see warnings)",
+         not_honoured="the whole KV cache stays resident; there is no host spill tier"),
+    Flag(("--expert-profile",), "str | None", help="(accepted; see warnings)",
+         not_honoured="expert profiles only steer host-offloaded expert caches; every expert stays resident"),
+    Flag(("--expert-cache",), "str", "auto", help="expert cache policy: auto (all experts resident)"),
+    Flag(("--device",), "str", "auto", choices=("auto", "cpu", "cuda"), help="compute backend"),
+    Flag(("--no-native",), "str", "", metavar="TYPES",
+         help="diagnostic: comma-separated GGML types to drop from the native kernel table"),
+    Flag(("--threads",), "int | None",
+         bound=Bound(1, _cores, why="this machine's cores: more BLAS threads only wait on each other"),
+         help="CPU BLAS threads (default: STRATA_CPU_THREADS, else the cores other work leaves free: the usable "
+              "cores minus the 1-minute load average, at least 1)"),
+    Flag(("--host",), "str", "127.0.0.1", group=SERVING, help="listen address"),
+    Flag(("--port",), "int", 8080, group=SERVING, bound=Bound(0, 65535), help="listen port (0 picks a free port)"),
+    Flag(("--alias", "--model-name"), "str | None", group=SERVING,
+         help="model id served on /v1/models (default: the pack's file name without .gguf)"),
+    Flag(("--api-key",), "str | None", group=SERVING, type=_api_key_flag, help="require this bearer key"),
+    Flag(("--max-queued",), "int", 64, group=SERVING, bound=Bound(0, 100_000),
+         help="requests that may wait for a slot; more get HTTP 429"),
+    Flag(("--body-timeout",), "float", 30.0, group=SERVING, bound=Bound(0, DAY, whole=False, why="seconds; 0: no limit"),
+         metavar="S", help="seconds a request body may take to arrive; then HTTP 408 (0: no limit)"),
+    Flag(("--allowed-hosts",), "list[str] | None", group=SERVING, type=name_list, metavar="H1,H2",
+         help="Host names served besides the loopback ones ('*': any); default: any unless bound to loopback"),
+    Flag(("--allowed-origins",), "list[str]", [], group=SERVING, type=name_list, metavar="O1,O2",
+         help="web origins (scheme://host[:port]) allowed besides loopback pages ('*': any)"),
+    # generous: a window of a large model on a CPU can take seconds
+    Flag(("--watchdog-s",), "float", 120.0, group=SERVING, metavar="S",
+         bound=Bound(1, 7 * DAY, whole=False, why="seconds: under 1 s an ordinary window trips it"),
+         help="/health answers 503 (and strata serve restarts the engine) when one window runs longer"),
+    # (strata/server/route_privacy.py)
+    Flag(("--slots",), "bool", False, group=SERVING, action="store_true",
+         help="GET /slots shows each running request's sampling and id (off: states and counters only)"),
+    Flag(("--no-access-log",), "bool", False, group=SERVING, action="store_true",
+         help="no access-log line per request (method, route, status, tokens, time)"),
+)
+
+# flag -> its bound (the server config's keys of the same meaning have the same bounds, in
+# strata/server/config.py's NUMBER_BOUNDS)
+FLAG_BOUNDS: dict[str, Bound] = {f.name: f.bound for f in FLAGS if f.bound is not None}
+# flag -> why it has no effect in this build (said once at start-up when the flag is given)
+NOT_HONOURED: dict[str, str] = {f.name: f.not_honoured for f in FLAGS if f.not_honoured is not None}
+
+
+def in_bounds(flag: str, *, auto: bool = False):
+    """argparse type: a number within FLAG_BOUNDS[flag] (or `auto`, None, where auto is True)."""
+    return _within(FLAG_BOUNDS[flag], auto=auto)
+
+
+port_number = in_bounds("--port")  # also `strata serve --port`
+
+
+def _add_flags(p: argparse.ArgumentParser, groups: tuple[str, ...], title: str) -> None:
+    g = p.add_argument_group(title)
+    for f in FLAGS:
+        if f.group in groups:
+            f.add_to(g)
 
 
 def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that name the model's files (all `strata tokenize` needs)."""
-    _add_pack_flags(_Flags(p.add_argument_group("model")))
-
-
-def _add_pack_flags(g: _Flags) -> None:
-    g.add_argument("--pack", help="pack directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)")
-    g.add_argument("--native", help="main shard of the pack (relative to --pack DIR)")
-    g.add_argument("--ple-gguf", action="append", default=[], help="extra shard whose tensors join the pack")
+    _add_flags(p, (PACK,), "model")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, serving: bool = True) -> None:
-    """Add every engine flag to parser p (used by several commands)."""
-    g = _Flags(p.add_argument_group("engine"))
-    _add_pack_flags(g)
-    g.add_argument("--mtp", help="MTP draft (file or directory); default: nextn tensors in the pack, else a "
-                                 "shipped draft made for the pack, if any")
-    g.add_argument("--spec", type=in_bounds("--spec"), default=0, help="draft up to K tokens per window (0: no MTP)")
-    g.add_argument("--spec-min-p", type=_probability, default=0.0, help="stop drafting when the draft's top probability is under P")
-    g.add_argument("--batch-mtp", action="store_true", help="every slot verifies its own MTP proposal inside the batched window")
-    g.add_argument("--parallel", type=in_bounds("--parallel"), default=1, help="number of slots (concurrent sequences)")
-    g.add_argument("--state-checkpoints", type=in_bounds("--state-checkpoints", auto=True), default=None, metavar="N|auto",
-                   help="hybrid models: how many slots keep a rollback copy of their recurrent state (the "
-                        "others never draft and decode one token per window); auto: as many as memory holds")
-    g.add_argument("--prefill", type=_prefill, default="auto", help="prefill chunking: auto, auto:N or N tokens per chunk")
-    g.add_argument("--max-context", type=in_bounds("--max-context"), default=None, help="context length per sequence (default: the model's)")
-    g.add_argument("--kv", choices=("f16", "int8"), default="f16", help="KV cache storage")
-    g.add_argument("--prefix-cache", type=in_bounds("--prefix-cache"), default=1024, metavar="MIB",
-                   help="memory for reusing computed prompt prefixes across requests (0: off)")
-    g.add_argument("--kv-resident", type=in_bounds("--kv-resident"), default=None, help="(accepted; see warnings)")
-    g.add_argument("--expert-profile", default=None, help="(accepted; see warnings)")
-    g.add_argument("--expert-cache", default="auto", help="expert cache policy: auto (all experts resident)")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute backend")
-    g.add_argument("--no-native", default="", metavar="TYPES",
-                   help="diagnostic: comma-separated GGML types to drop from the native kernel table")
-    g.add_argument("--threads", type=in_bounds("--threads"), default=None,
-                   help="CPU BLAS threads (default: STRATA_CPU_THREADS, else the cores other work leaves free: the usable cores minus the 1-minute load average, at least 1)")
-    if serving:
-        g.add_argument("--host", default="127.0.0.1")
-        g.add_argument("--port", type=port_number, default=8080)
-        g.add_argument("--alias", "--model-name", dest="alias", default=None,
-                       help="model id served on /v1/models (default: the pack's file name without .gguf)")
-        g.add_argument("--api-key", type=_api_key_flag, default=None, help="require this bearer key")
-        g.add_argument("--max-queued", type=in_bounds("--max-queued"), default=64,
-                       help="requests that may wait for a slot; more get HTTP 429")
-        g.add_argument("--body-timeout", type=in_bounds("--body-timeout"), default=30.0, metavar="S",
-                       help="seconds a request body may take to arrive; then HTTP 408 (0: no limit)")
-        g.add_argument("--allowed-hosts", type=name_list, default=None, metavar="H1,H2",
-                       help="Host names served besides the loopback ones ('*': any); default: any unless bound to loopback")
-        g.add_argument("--allowed-origins", type=name_list, default=[], metavar="O1,O2",
-                       help="web origins (scheme://host[:port]) allowed besides loopback pages ('*': any)")
-        # generous: a window of a large model on a CPU can take seconds
-        g.add_argument("--watchdog-s", type=in_bounds("--watchdog-s"), default=120.0, metavar="S",
-                       help="/health answers 503 (and strata serve restarts the engine) when one window runs longer")
-        g.add_argument("--slots", action="store_true",
-                       help="GET /slots shows each running request's sampling and id (off: states and counters only)")
-        g.add_argument("--no-access-log", action="store_true",
-                       help="no access-log line per request (method, route, status, tokens, time)")
+    """Add every engine flag to parser p (used by several commands); `serving`: also the flags
+    of a command that serves HTTP."""
+    _add_flags(p, (PACK, ENGINE, SERVING) if serving else (PACK, ENGINE), "engine")
 
 
 def bounded(name: str):
@@ -284,39 +336,13 @@ def bounded(name: str):
     return parse
 
 
-@dataclass
-class EngineOptions:
-    pack: str | None = None
-    native: str | None = None
-    ple_gguf: list[str] = field(default_factory=list)
-    mtp: str | None = None
-    spec: int = 0
-    spec_min_p: float = 0.0
-    batch_mtp: bool = False
-    parallel: int = 1
-    state_checkpoints: int | None = None  # None: auto (strata/engine/checkpoints.py)
-    prefill: str = "auto"
-    max_context: int | None = None
-    kv: str = "f16"
-    prefix_cache: int = 1024  # MiB
-    kv_resident: int | None = None
-    expert_profile: str | None = None
-    expert_cache: str = "auto"
-    device: str = "auto"
-    no_native: str = ""
-    threads: int | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
-    alias: str | None = None
-    api_key: str | None = None
-    max_queued: int = 64
-    body_timeout: float = 30.0
-    allowed_hosts: list[str] | None = None
-    allowed_origins: list[str] = field(default_factory=list)
-    watchdog_s: float = 120.0
-    no_access_log: bool = False
-    slots: bool = False  # GET /slots shows each request's sampling and id (strata/server/route_privacy.py)
-    given_flags: tuple[str, ...] = ()
+class _OptionsMethods:
+    """What EngineOptions (a dataclass of FLAGS' fields, below) computes from its flags."""
+
+    given_flags: tuple[str, ...]
+    prefill: str
+    no_native: str
+    expert_cache: str
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace, argv: list[str] | None = None) -> "EngineOptions":
@@ -349,6 +375,13 @@ class EngineOptions:
         if self.expert_cache not in ("auto", "off", "all"):
             out.append(f"strata: warning: --expert-cache {self.expert_cache}: only 'auto' (all experts resident) is built")
         return out
+
+
+# the options a command runs with: one field per flag of FLAGS, its default the flag's, and the
+# flags given on its command line (given_flags: a flag given at its default value counts)
+EngineOptions = make_dataclass(
+    "EngineOptions", [(f.attr, f.kind, f.dataclass_field()) for f in FLAGS] + [("given_flags", "tuple[str, ...]", ())],
+    bases=(_OptionsMethods,), namespace={"__module__": __name__})
 
 
 def parse_engine_args(argv: list[str], *, serving: bool = True, prog: str = "strata engine") -> EngineOptions:

@@ -1,11 +1,16 @@
 """Turning logits into tokens.
 
 `distribution()` gives the exact probability vector a request samples from (temperature,
-then top-k, top-p and min-p filters, renormalised). Speculative verification needs that
-vector itself, not just a sample, so sampling and rejection sampling share it.
+then the filters of LOGIT_FILTERS and PROB_FILTERS: top-k, top-p and min-p, renormalised).
+Speculative verification needs that vector itself, not just a sample, so sampling and
+rejection sampling share it. A new filter is a row of one of the two tables (and its knob in
+strata/protocol.py's SamplingParams).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -27,6 +32,57 @@ def _one_hot(logits: np.ndarray) -> np.ndarray:
     return p
 
 
+def _top_k(z: np.ndarray, params: SamplingParams) -> np.ndarray:
+    if params.top_k >= z.size:
+        return z
+    kth = np.partition(z, -params.top_k)[-params.top_k]
+    return np.where(z >= kth, z, -np.inf)
+
+
+def _top_p(p: np.ndarray, params: SamplingParams) -> np.ndarray:
+    order = np.argsort(-p, kind="stable")
+    cum = np.cumsum(p[order])
+    # keep the smallest prefix whose mass reaches top_p (always at least one token)
+    cut = int(np.searchsorted(cum, params.top_p, side="left")) + 1
+    mask = np.zeros(p.shape, dtype=bool)
+    mask[order[:cut]] = True
+    return np.where(mask, p, 0.0)
+
+
+def _min_p(p: np.ndarray, params: SamplingParams) -> np.ndarray:
+    return np.where(p >= params.min_p * p.max(), p, 0.0)
+
+
+@dataclass(frozen=True)
+class Filter:
+    """One filter of the chain: its llama-server name (GET /props lists the chain), whether a
+    request uses it, what it does, and whether the device sampler (strata.kernels.cuda.sample,
+    fed by sampler_row) has it too; a request using one the device lacks is sampled on the host."""
+
+    name: str
+    used: Callable[[SamplingParams], bool]
+    apply: Callable[[np.ndarray, SamplingParams], np.ndarray]
+    on_device: bool = False
+
+
+# after temperature, on the scaled logits (a dropped token's is -inf)
+LOGIT_FILTERS: tuple[Filter, ...] = (
+    Filter("top_k", lambda params: params.top_k > 0, _top_k, on_device=True),
+)
+# then on the probabilities (a dropped token's is 0), renormalised at the end
+PROB_FILTERS: tuple[Filter, ...] = (
+    Filter("top_p", lambda params: params.top_p < 1.0, _top_p, on_device=True),
+    Filter("min_p", lambda params: params.min_p > 0.0, _min_p, on_device=True),
+)
+# the order the filters run in, temperature first, under llama-server's names
+CHAIN = ("temperature", *(f.name for f in LOGIT_FILTERS + PROB_FILTERS))
+
+
+def device_can_sample(params: SamplingParams) -> bool:
+    """Whether every filter the request uses is one the device sampler has."""
+    return all(f.on_device or not f.used(params) for f in LOGIT_FILTERS + PROB_FILTERS)
+
+
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Probabilities (float64, sums to 1) that `params` samples from; one-hot when greedy."""
     logits = np.asarray(logits, dtype=np.float64)
@@ -38,23 +94,14 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         # so the argmax a greedy row takes; the caller's grammar or bans refuse it and end the
         # request with why (exp(z - max z) would be -inf - -inf: NaN)
         return _one_hot(logits)
-    keep = np.ones(z.shape, dtype=bool)
-    if params.top_k and params.top_k < z.size:
-        kth = np.partition(z, -params.top_k)[-params.top_k]
-        keep &= z >= kth
-    z = np.where(keep, z, -np.inf)
+    for f in LOGIT_FILTERS:
+        if f.used(params):
+            z = f.apply(z, params)
     p = np.exp(z - np.max(z))
     p /= p.sum()
-    if params.top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[order])
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        cut = int(np.searchsorted(cum, params.top_p, side="left")) + 1
-        mask = np.zeros(p.shape, dtype=bool)
-        mask[order[:cut]] = True
-        p = np.where(mask, p, 0.0)
-    if params.min_p > 0.0:
-        p = np.where(p >= params.min_p * p.max(), p, 0.0)
+    for f in PROB_FILTERS:
+        if f.used(params):
+            p = f.apply(p, params)
     return p / p.sum()
 
 

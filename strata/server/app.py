@@ -11,158 +11,33 @@ makes the API ready.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import re
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable
-from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from strata.protocol import FinishEvent, GenerationRequest, RequestHandle, TokenEvent
 from strata.errors import StrataError
-from strata.server import embeddings, llama_routes, request_cost, sse, tool_use
-from strata.server import route_privacy
-from strata.text.content_text import ContentText
-from strata.server.common import (BODY_TIMEOUT_S, ClosingStreamingResponse, Drain, Preparer,
-                                  install_error_handlers, json_answer, read_body, wait_for_disconnect)
-from strata.server.edge import EdgeMiddleware, EdgePolicy
+from strata.server import embeddings, llama_routes, request_cost, route_privacy, sse, tool_use
+from strata.server.access_log import ACCESS_KEY, USAGE_TRAILER_HEADER, AccessLog, AccessRecord, usage_trailer
+from strata.server.common import ClosingStreamingResponse, install_error_handlers, json_answer, read_body, wait_for_disconnect
+from strata.server.edge import EdgeMiddleware
 from strata.server.embeddings import EmbeddingRequest
+from strata.server.engine_state import EngineState
 from strata.server.errors import APIError, invalid
 from strata.server.events import core_batches, core_events
-from strata.server.metrics import CONTENT_TYPE, EngineMetrics
-from strata.server.prompt_limits import PromptLimits, overflow
+from strata.server.metrics import CONTENT_TYPE
+from strata.server.prompt_limits import overflow
+from strata.server.routes import add_routes
 from strata.server.tool_use import OutputPlan
-from strata.server.schemas import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest,
-                                   CompletionRequest, check_model_name, parse_request)
+from strata.server.schemas import COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
+from strata.text.content_text import ContentText
 
-SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
 ANSWER_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}  # a job's kind -> its answer id's prefix
-# finish codes of a request its own grammar or logit_bias ended (strata.grammar.matcher's LIMIT_CODE
-# and DEAD_END_CODE) -> the field named in the 400
-REQUEST_ENDED_ITSELF = {"grammar_limit": None, "grammar_dead_end": "logit_bias"}
-
-
-# ---------------------------------------------------------------- the served model id
-
-# file stems that name no model (`model-00001-of-00003.gguf`, `ggml-model-q4_0.gguf`'s split sets):
-# such a pack is served under its general.name, slugged, as a directory pack is
-GENERIC_STEMS = frozenset({"model", "ggml-model", "consolidated", "pytorch_model"})
-_NOT_IN_SLUG = re.compile(r"[^a-z0-9._-]+")
-
-
-def slug(name: str) -> str:
-    """'Smollm2 135M 8k Lc100K Mix1 Ep2' -> 'smollm2-135m-8k-lc100k-mix1-ep2': lower case,
-    spaces to '-', only [a-z0-9._-]."""
-    return _NOT_IN_SLUG.sub("", "-".join(name.lower().split())).strip("-.")
-
-
-def model_id_of(pack: Any, named_dir: bool) -> str:
-    """The id a pack is served under without --alias: the file stem the user named
-    (`SmolLM2-135M-Instruct.Q4_1`; a split set's stem without `-0000i-of-0000N`), else (a
-    directory, a generic stem) its general.name slugged, else the file stem, else 'strata'."""
-    from strata.pack.loader import SHARD_NAME
-
-    name = pack.main.path.name
-    m = SHARD_NAME.match(name)
-    stem = m["stem"] if m else (name[:-5] if name.lower().endswith(".gguf") else Path(name).stem)
-    if not named_dir and stem and stem.lower() not in GENERIC_STEMS:
-        return stem
-    general = pack.metadata.get("general.name")
-    return (slug(general) if isinstance(general, str) else "") or stem or "strata"
-
-
-def _served_names(core: Any) -> tuple[str, frozenset[str]]:
-    """(the served id, every name a request may give for it). A core without a pack (the tests'
-    scripted ones) is served under its model_name."""
-    pack, opts = getattr(core, "pack", None), getattr(core, "opts", None)
-    if pack is None or opts is None:
-        return core.model_name, frozenset({core.model_name})
-    from strata.pack.loader import user_path
-
-    named_dir = opts.pack is not None and opts.native is None and user_path(opts.pack).is_dir()
-    served = model_id_of(pack, named_dir)
-    general = pack.metadata.get("general.name")
-    # general.name as is: the id clients were given before ids were file stems
-    return served, frozenset({served} | ({general} if isinstance(general, str) and general else set()))
-
-
-# ---------------------------------------------------------------- the access log
-
-ACCESS_KEY = "strata.access"  # the ASGI scope's AccessRecord, filled in by the routes
-# `strata serve` asks its engine child for a stream's usage in a comment after `data: [DONE]`
-# (the proxy strips it; clients never see it), so every stream's line has exact token counts
-USAGE_TRAILER_HEADER = "x-strata-usage-trailer"
-USAGE_TRAILER = re.compile(rb": strata-usage (\d+) (\d+)\n\n")
-MAX_LOGGED_PATH = 200
-
-
-@dataclass
-class AccessRecord:
-    """Token counts of one request, when the route knows them (the engine's usage)."""
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-    def set(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.prompt_tokens, self.completion_tokens = int(prompt_tokens), int(completion_tokens)
-
-
-def usage_trailer(prompt_tokens: int, completion_tokens: int) -> bytes:
-    return b": strata-usage %d %d\n\n" % (prompt_tokens, completion_tokens)
-
-
-def access_line(prefix: str, method: str, path: str, status: int, rec: AccessRecord, ms: float) -> str:
-    """'strata serve: POST /v1/completions 200 in=5 out=16 41 ms' ('-': not known). The path is
-    the client's: re-quoted (no control character or space reaches the log) and bounded."""
-    shown = quote(path, safe="/:@!$&'()*+,;=-._~%")
-    if len(shown) > MAX_LOGGED_PATH:
-        shown = shown[:MAX_LOGGED_PATH] + "..."
-    count = lambda n: "-" if n is None else str(n)  # noqa: E731
-    return (f"{prefix}: {quote(method[:16], safe='')} {shown} {status} in={count(rec.prompt_tokens)} "
-            f"out={count(rec.completion_tokens)} {ms:.0f} ms")
-
-
-class AccessLog:
-    """ASGI middleware, outermost: one line per HTTP request once its answer has been sent (a
-    stream's when it ends), with the status sent (500 when none was; 499: the client left first).
-
-    Health polls (the supervisor's every 2 s, a load balancer's) would bury the requests, so
-    `/health` is logged only when its status differs from the last one logged: loading -> ready,
-    ready -> unhealthy, each once."""
-
-    QUIET_PATHS = ("/health",)
-
-    def __init__(self, app, log: Callable[[str], None], prefix: str):
-        self.app, self.log, self.prefix = app, log, prefix
-        self._last_status: dict[str, int] = {}  # quiet path -> status last logged
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        rec = scope[ACCESS_KEY] = AccessRecord()
-        status = 500
-        t0 = time.perf_counter()
-
-        async def send_status(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            path = scope.get("path", "")
-            if path not in self.QUIET_PATHS or self._last_status.get(path) != status:
-                self._last_status[path] = status
-                self.log(access_line(self.prefix, scope.get("method", "?"), path, status, rec,
-                                     1000 * (time.perf_counter() - t0)))
 
 
 def _stderr(line: str) -> None:
@@ -198,96 +73,12 @@ def _usage(fin: FinishEvent) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": fin.cached_tokens}}
 
 
-class EngineAPI:
-    """State of the engine's HTTP API: the core (None while loading), auth, metrics, drain."""
+class EngineAPI(EngineState):
+    """The engine's HTTP API: the routes of ROUTES (strata/server/routes.py) over EngineState."""
 
-    def __init__(self, *, model_name: str | None = None, api_key: str | None = None,
-                 max_request_bytes: int = 16 * 1024 * 1024, max_queued: int | None = None,
-                 log: Callable[[str], None] | None = None, edge: EdgePolicy | None = None,
-                 body_timeout: float = BODY_TIMEOUT_S, access_log: bool = False, usage_trailer: bool = False,
-                 expose_slots: bool = False):
-        self.core: Any = None
-        self.failure: str | None = None
-        self._model_name = model_name
-        self._served: tuple[str, frozenset[str]] | None = None  # (id, accepted names), from the core
-        self.access_log = access_log
-        self.usage_trailer = usage_trailer  # honour USAGE_TRAILER_HEADER (an engine strata serve started)
-        self.api_key = api_key
-        self.expose_slots = expose_slots  # /slots shows each request's sampling and id (strata/server/route_privacy.py)
-        # Host / Origin / key policy of every route (the key: the user's, or the secret of an
-        # engine that `strata serve` started)
-        self.edge = edge or EdgePolicy(api_key=api_key)
-        self.max_request_bytes = max_request_bytes
-        self.body_timeout = body_timeout
-        self.preparer = Preparer()
-        self.limits = PromptLimits()
-        self.max_queued = max_queued
-        self.log = log
-        self.metrics = EngineMetrics(lambda: self.core)
-        self.drain = Drain()
-        # running requests -> their task number (llama-server's id_task on /slots)
-        self.live: dict[RequestHandle, int] = {}
-        self._tasks = itertools.count()
-        self.created = int(time.time())
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.app = self._build()
-
-    # ------------------------------------------------------------ life cycle
-    def attach(self, core: Any) -> None:
-        self.limits = PromptLimits.of_core(core)  # before self.core: no request sees one without the other
-        self._served = _served_names(core)
-        self.core = core
-
-    @property
-    def model_name(self) -> str:
-        """The served id: --alias, else the pack's file stem (model_id_of)."""
-        if self._model_name:
-            return self._model_name
-        return self._served[0] if self._served is not None else "strata"
-
-    def check_model(self, requested: str | None) -> None:
-        """404 unless the request names this model: its id or the pack's general.name (or none)."""
-        names = {self.model_name} | (self._served[1] if self._served is not None else set())
-        if requested and requested not in names:
-            check_model_name(requested, self.model_name)
-
-    @staticmethod
-    def new_id() -> str:
-        return uuid.uuid4().hex[:24]
-
-    def track(self, handle: RequestHandle) -> None:
-        """A submitted request: ended by a drain, shown on /slots."""
-        self.live[handle] = next(self._tasks)
-
-    def untrack(self, handle: RequestHandle) -> None:
-        self.live.pop(handle, None)
-
-    @staticmethod
-    def access_record(request: Request) -> AccessRecord | None:
-        return request.scope.get(ACCESS_KEY)
-
-    def begin_drain(self, grace_s: float) -> None:
-        """Refuse new requests now; end the ones still running when the grace period ends."""
-        self.drain.begin(grace_s)
-        asyncio.get_running_loop().create_task(self._end_live_after_grace())
-
-    async def _end_live_after_grace(self) -> None:
-        await self.drain.expired.wait()
-        for handle in list(self.live):
-            handle.cancel()
-
-    def refuse_if_queue_full(self, core) -> None:
-        """429 when max_queued requests already wait for a slot (an embeddings call counts as one:
-        it keeps at most `parallel` of its inputs in the engine at once, strata/server/embeddings.py)."""
-        if self.max_queued is not None and core.queue_depth() >= self.max_queued:
-            raise APIError("rate_limit_error", f"too many queued requests (limit {self.max_queued}); retry later",
-                           code="queue_full")
-
-    def ready_core(self):
-        self.drain.refuse_if_draining()
-        if self.core is None:
-            why = self.failure or "the engine is loading"
-            raise APIError("unavailable_error", why, code="loading" if self.failure is None else "unavailable")
-        return self.core
 
     # ------------------------------------------------------------ building requests
     def _prompt_ids(self, core, req) -> tuple[list[int], str, OutputPlan]:
@@ -380,19 +171,6 @@ class EngineAPI:
         self.metrics.finished(endpoint, fin.reason, fin.prompt_tokens, fin.completion_tokens, fin.cached_tokens)
         if job.access is not None:
             job.access.set(fin.prompt_tokens, fin.completion_tokens)
-
-    def ended_error(self, fin: FinishEvent) -> APIError | None:
-        """The error to report for a generation that did not end normally."""
-        if fin.reason == "error" and fin.code in ("out_of_memory", "device_lost"):  # worth a retry
-            return APIError("unavailable_error", fin.error or "generation failed", code=fin.code)
-        if fin.reason == "error" and fin.code in REQUEST_ENDED_ITSELF:  # the request's grammar or logit_bias
-            return APIError("invalid_request_error", fin.error or "generation failed",
-                            param=REQUEST_ENDED_ITSELF[fin.code], code=fin.code)
-        if fin.reason == "error":
-            return APIError("server_error", fin.error or "generation failed", code=fin.code)
-        if fin.reason == "cancelled" and self.drain.expired.is_set():
-            return APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
-        return None
 
     async def _complete(self, request: Request, job: _Job, endpoint: str) -> Response:
         watcher = asyncio.ensure_future(_cancel_on_disconnect(request, job.handle))
@@ -584,7 +362,6 @@ class EngineAPI:
         if self.access_log:  # added last: outermost, so refusals at the edge are logged too
             app.add_middleware(AccessLog, log=self.log or _stderr, prefix="strata engine")
 
-        @app.get("/health")
         async def health():
             # "unhealthy": loaded, but the scheduler's thread is gone or a window has run past
             # --watchdog-s; strata serve restarts an engine that says so
@@ -599,59 +376,46 @@ class EngineAPI:
                 return JSONResponse(body, status_code=503)
             return {"status": "ok"}
 
-        @app.get("/metrics")
         async def metrics(request: Request):
             return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-        @app.get("/v1/models")
         async def models(request: Request):
             self.ready_core()
             return {"object": "list", "data": [self._model_card()]}
 
-        @app.get("/v1/models/{model_id:path}")
         async def model(model_id: str, request: Request):
             self.ready_core()
             self.check_model(model_id)
             return self._model_card()
 
-        @app.post("/v1/chat/completions")
         async def chat(request: Request):
             return await self._generate(request, ChatCompletionRequest, "chat")
 
-        @app.post("/v1/completions")
         async def completions(request: Request):
             return await self._generate(request, CompletionRequest, "completions")
 
-        @app.post("/v1/embeddings")
         async def embed(request: Request):
-            raw, req = await self._parsed(request, EmbeddingRequest)
+            raw, req = await self.parsed(request, EmbeddingRequest)
             return await embeddings.embed(self, request, raw, req)
 
-        # llama-server's own routes (strata/server/llama_routes.py)
-        @app.post("/tokenize")
         async def tokenize(request: Request):
-            raw, req = await self._parsed(request, llama_routes.TokenizeRequest)
+            raw, req = await self.parsed(request, llama_routes.TokenizeRequest)
             return await self.preparer.cancellable(request, len(raw), llama_routes.tokenize, self.ready_core(), req)
 
-        @app.post("/detokenize")
         async def detokenize(request: Request):
-            raw, req = await self._parsed(request, llama_routes.DetokenizeRequest)
+            raw, req = await self.parsed(request, llama_routes.DetokenizeRequest)
             return await self.preparer.run(len(raw), llama_routes.detokenize, self, self.ready_core(), req)
 
-        @app.get("/props")
         async def props(request: Request):
             return route_privacy.props_view(llama_routes.props(self.ready_core()))
 
-        @app.get("/slots")
         async def slots(request: Request):
             return route_privacy.slots_view(llama_routes.slots(self, self.ready_core()), self.expose_slots)
 
+        add_routes(app, {"health": health, "metrics": metrics, "models": models, "model": model, "chat": chat,
+                         "completions": completions, "embeddings": embed, "tokenize": tokenize,
+                         "detokenize": detokenize, "props": props, "slots": slots})
         return app
-
-    async def _parsed(self, request: Request, model_cls):
-        """(the body, the request model it validates into): bounded reading, strict parsing."""
-        raw = await read_body(request, self.max_request_bytes, self.body_timeout)
-        return raw, await self.preparer.run(len(raw), parse_request, model_cls, raw)
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "strata",

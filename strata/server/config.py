@@ -18,7 +18,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable, Sequence
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
@@ -351,3 +351,14 @@ def check_engine_start(cfg: ServerConfig, source: str | None = None) -> None:
         check_pack_files(pack_arg, opts.native, opts.ple_gguf, opts.mtp)
     except StrataError as e:
         raise StrataError(f"{where}{e.message}") from None
+
+
+def ensure_default_model_for(engine_args: Sequence[str], log: Callable[[str], None] | None = None) -> Path | None:
+    """Fetch the default model in the server process, before an engine child whose flags name
+    no --pack / --native starts (the child then finds it in the cache)."""
+    from strata import defaults
+
+    opts = parse_engine_args(list(engine_args))
+    if opts.pack is not None or opts.native is not None:
+        return None
+    return defaults.ensure_default_model(log)

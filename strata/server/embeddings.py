@@ -33,7 +33,7 @@ from strata.server.schemas import MAX_PROMPT_IDS, Name, Strict, TokenId
 if TYPE_CHECKING:
     from fastapi import Request
 
-    from strata.server.app import EngineAPI
+    from strata.server.engine_state import EngineState
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 Ids = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)]
@@ -68,7 +68,7 @@ class EmbeddingRequest(Strict):
         return [(f"input[{i}]", x) for i, x in enumerate(v)]
 
 
-def _prompt_ids(api: "EngineAPI", core: Any, req: EmbeddingRequest) -> list[tuple[str, list[int]]]:
+def _prompt_ids(api: "EngineState", core: Any, req: EmbeddingRequest) -> list[tuple[str, list[int]]]:
     """Each input's token ids, each checked to fit the context (on the preparer's threads)."""
     width = _width(core)
     if req.dimensions is not None and req.dimensions != width:
@@ -102,7 +102,7 @@ def _encode(vec: list[float], fmt: str) -> list[float] | str:
     return [float(x) for x in vec]
 
 
-async def _embed_one(api: "EngineAPI", core: Any, ids: list[int], window: asyncio.Semaphore) -> FinishEvent:
+async def _embed_one(api: "EngineState", core: Any, ids: list[int], window: asyncio.Semaphore) -> FinishEvent:
     """One input through the engine, once the call's window has room for it."""
     async with window:
         try:
@@ -121,7 +121,7 @@ async def _embed_one(api: "EngineAPI", core: Any, ids: list[int], window: asynci
             handle.cancel()  # (a no-op once finished; frees the slot of one whose caller left)
 
 
-async def _embed_all(api: "EngineAPI", request: "Request", core: Any,
+async def _embed_all(api: "EngineState", request: "Request", core: Any,
                      inputs: list[list[int]]) -> list[FinishEvent] | None:
     """Every input's FinishEvent (None: the client left first), at most `parallel` inputs in the
     engine at once: a call of 2048 inputs then holds as many queue entries as `parallel`
@@ -145,7 +145,7 @@ async def _embed_all(api: "EngineAPI", request: "Request", core: Any,
     return None if left else everything.result()
 
 
-async def embed(api: "EngineAPI", request: "Request", raw: bytes, req: EmbeddingRequest) -> Response:
+async def embed(api: "EngineState", request: "Request", raw: bytes, req: EmbeddingRequest) -> Response:
     core = api.ready_core()
     api.check_model(req.model)
     try:

@@ -104,8 +104,9 @@ def _key_and_edge(opts: EngineOptions, secret: str | None) -> dict:
     """The supervisor's key (every route) when there is one, else the user's --api-key
     (every route but /health, as llama-server: probes carry no key)."""
     from strata.server.edge import EdgePolicy
+    from strata.server.routes import KEY_EXEMPT
 
-    key, exempt = (secret, frozenset()) if secret else (opts.api_key, frozenset({"/health"}))
+    key, exempt = (secret, frozenset()) if secret else (opts.api_key, KEY_EXEMPT)
     edge = EdgePolicy.for_bind(opts.host, api_key=key, key_exempt=exempt, allowed_hosts=opts.allowed_hosts,
                                allowed_origins=opts.allowed_origins)
     return {"api_key": key, "edge": edge}

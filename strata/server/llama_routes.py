@@ -16,17 +16,22 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from strata import __version__
-from strata.protocol import SamplingParams
+from strata.protocol import KNOBS, SamplingParams
+from strata.sampling.filters import CHAIN
 from strata.server.common import Cancelled, json_answer, json_bytes
 from strata.server.errors import invalid
 from strata.server.schemas import MAX_PROMPT_IDS, Strict, TokenId
 
 if TYPE_CHECKING:
-    from strata.server.app import EngineAPI
+    from strata.server.engine_state import EngineState
 
 # the order Strata's samplers run in, under llama-server's names (strata/sampling/logit_adjust.py, then
 # strata/sampling/filters.py): bias, penalties and grammar first, then temperature and the filters
-SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
+SAMPLERS = ("penalties", *CHAIN)
+# llama-server's samplers at their off values: a knob Strata has (strata/protocol.py, KNOBS) shows
+# its value instead
+OFF_SAMPLERS = {"typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "mirostat": 0, "dynatemp_range": 0.0,
+                "dry_multiplier": 0.0}
 # The most content a /tokenize takes: its answer then has at most this many tokens (+ BOS, EOS),
 # each token rendered with its piece (docs/SERVER.md, "Request limits")
 MAX_TOKENIZE_BYTES = 1 << 20
@@ -89,7 +94,7 @@ def _stop_if(cancel: threading.Event) -> None:
         raise Cancelled()
 
 
-def detokenize(api: "EngineAPI", core: Any, req: DetokenizeRequest) -> Response:
+def detokenize(api: "EngineState", core: Any, req: DetokenizeRequest) -> Response:
     api.limits.check_ids(req.tokens, "tokens")  # 400 naming the first id outside the vocabulary
     return json_answer({"content": core.tokenizer.decode(req.tokens)})
 
@@ -99,12 +104,8 @@ def generation_settings(p: SamplingParams, n_predict: int) -> dict[str, Any]:
     appear at their off values: requests can only ask for those (docs/SERVER.md)."""
     return {
         "n_predict": n_predict, "max_tokens": n_predict, "seed": -1 if p.seed is None else p.seed,
-        "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-        "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "mirostat": 0, "dynatemp_range": 0.0,
-        "dry_multiplier": 0.0,
-        "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repetition_penalty,
-        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-        "min_tokens": p.min_tokens, "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
+        **OFF_SAMPLERS, **{k.llama or name: getattr(p, name) for name, k in KNOBS.items()},
+        "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
         "stop": list(p.stop), "ignore_eos": p.ignore_eos, "n_probs": p.top_logprobs, "min_keep": 0, "n_keep": 0,
         "grammar": p.constraint.kind if p.constraint is not None else "",
         "samplers": list(SAMPLERS),
@@ -141,7 +142,7 @@ def props(core: Any) -> dict[str, Any]:
     }
 
 
-def slots(api: "EngineAPI", core: Any) -> list[dict[str, Any]]:
+def slots(api: "EngineState", core: Any) -> list[dict[str, Any]]:
     """core.slots_info() under llama-server's names, with the request each slot runs (its id as
     the client got it, its sampling) and Strata's own counts beside them."""
     running = {h.request.request_id: (task, h.request.params) for h, task in api.live.items()}

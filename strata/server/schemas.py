@@ -14,13 +14,12 @@ vocabulary by the engine's API (it knows the vocabulary; this module does not).
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any, Callable, ClassVar, Literal, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
 
-from strata.protocol import SamplingParams
-from strata.sampling.bounds import MAX_TOKENS, SAMPLING_BOUNDS, Bound
+from strata.protocol import KNOB_DEFAULTS, KNOBS, SamplingParams
+from strata.sampling.bounds import MAX_TOKENS, REQUEST_BOUNDS
 from strata.server import field_policy, logit_bias
 from strata.server.errors import APIError, invalid
 from strata.server.strict_json import parse_json_object  # noqa: F401 - the routes' body parser
@@ -134,32 +133,18 @@ class StreamOptions(Strict):
     include_obfuscation: bool = False  # padding against length side channels: none is sent, nothing changes
 
 
-# the ranges of the request fields `strata generate` has no flags for, beside the shared ones
-REQUEST_BOUNDS: dict[str, Bound] = {
-    **SAMPLING_BOUNDS,
-    "frequency_penalty": Bound(-2.0, 2.0),
-    "presence_penalty": Bound(-2.0, 2.0),
-    "repetition_penalty": Bound(0.0, math.inf, low_open=True),
-    "repeat_last_n": Bound(-1, MAX_TOKENS, whole=True),
-    "min_tokens": Bound(0, MAX_TOKENS, whole=True),
-}
+MaxTokens = Annotated[int, Field(**REQUEST_BOUNDS["max_tokens"].field())]
 
 
-def _bounded(kind: type, name: str):
-    """A field type in the range REQUEST_BOUNDS gives `name` (SAMPLING_BOUNDS' are shared with
-    `strata generate`)."""
-    return Annotated[kind, Field(**REQUEST_BOUNDS[name].field())]
+def _knob_fields() -> dict[str, Any]:
+    """The request fields of the sampling knobs (strata/protocol.py, KNOBS), each bounded by its
+    row: a nullable one defaults to None (the engine's default then), the others to the default."""
+    out: dict[str, Any] = {}
+    for name, k in KNOBS.items():
+        kind = Annotated[int if k.bound.whole else float, Field(**k.bound.field())]
+        out[name] = (Optional[kind], None) if k.nullable else (kind, KNOB_DEFAULTS[name])
+    return out
 
-
-MaxTokens = _bounded(int, "max_tokens")
-Temperature = _bounded(float, "temperature")
-TopP = _bounded(float, "top_p")
-TopK = _bounded(int, "top_k")
-MinP = _bounded(float, "min_p")
-Penalty = _bounded(float, "frequency_penalty")
-RepetitionPenalty = _bounded(float, "repetition_penalty")
-RepeatLastN = _bounded(int, "repeat_last_n")
-MinTokens = _bounded(int, "min_tokens")
 
 # template variables a request's chat_template_kwargs may not set: the server sets them
 RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
@@ -170,13 +155,24 @@ def _unlimited_to_context(v):
     return MAX_TOKENS if v == UNLIMITED and type(v) is int else v
 
 
-class _Sampling(Strict):
-    """Fields shared by chat and completions requests."""
+def _policy(rules: dict[str, field_policy.Rule]) -> dict[str, field_policy.Rule]:
+    """field_policy's table for a route, less the knobs: a sampler Strata has is a field, even
+    where the table still names it at its off value."""
+    return {name: rule for name, rule in rules.items() if name not in KNOBS}
+
+
+# the knobs' fields, made from the table, under the fields written out below
+_Knobs = create_model("_Knobs", __base__=Strict, **_knob_fields())
+
+
+class _Sampling(_Knobs):
+    """Fields shared by chat and completions requests: the knobs' (_Knobs) and these."""
 
     # other spellings of a field: alias -> the field (llama-server's names)
-    aliases: ClassVar[dict[str, str]] = {"repeat_penalty": "repetition_penalty", "n_predict": "max_tokens"}
+    aliases: ClassVar[dict[str, str]] = {**{k.alias: name for name, k in KNOBS.items() if k.alias},
+                                         "n_predict": "max_tokens"}
     # the fields not acted on (field_policy.py); each route's own table
-    field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.SHARED
+    field_rules: ClassVar[dict[str, field_policy.Rule]] = _policy(field_policy.SHARED)
 
     model: Name | None = None
     stream: bool = False
@@ -184,18 +180,9 @@ class _Sampling(Strict):
     stop: Union[Annotated[str, Field(max_length=MAX_STOP_CHARS)],
                 list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], None] = None
     max_tokens: MaxTokens | None = None
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    top_k: TopK = 0
-    min_p: MinP = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     logit_bias: Any = None  # {"id": bias} or [[id, bias]] -> {id: bias} (strata/server/logit_bias.py)
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    repetition_penalty: RepetitionPenalty | None = None
-    repeat_last_n: RepeatLastN | None = None
-    min_tokens: MinTokens | None = None
     # vLLM's: prompt KV is reused only between requests with the same salt (docs/SERVER.md, "Prompt reuse")
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None
 
@@ -232,14 +219,11 @@ class _Sampling(Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling(self, max_tokens: int, *, logprobs: bool, top_logprobs: int) -> SamplingParams:
-        """The engine's parameters; a field left out (or null) keeps SamplingParams' default."""
-        given = {name: getattr(self, name) for name in ("frequency_penalty", "presence_penalty",
-                                                        "repetition_penalty", "repeat_last_n", "min_tokens")
-                 if getattr(self, name) is not None}
+        """The engine's parameters; a knob left out (or null) keeps SamplingParams' default."""
+        knobs = {name: getattr(self, name) for name in KNOBS if getattr(self, name) is not None}
         return SamplingParams(
-            max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-            min_p=self.min_p, seed=self.seed, stop=self.stop_list(), ignore_eos=self.ignore_eos,
-            logprobs=logprobs, top_logprobs=top_logprobs, logit_bias=dict(self.logit_bias or {}), **given)
+            max_tokens=max_tokens, seed=self.seed, stop=self.stop_list(), ignore_eos=self.ignore_eos,
+            logprobs=logprobs, top_logprobs=top_logprobs, logit_bias=dict(self.logit_bias or {}), **knobs)
 
 
 class JsonSchemaFormat(Strict):
@@ -269,7 +253,7 @@ class _Structured(_Sampling):
 
 
 class ChatCompletionRequest(_Structured):
-    field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.CHAT
+    field_rules: ClassVar[dict[str, field_policy.Rule]] = _policy(field_policy.CHAT)
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: MaxTokens | None = None
@@ -310,7 +294,7 @@ PromptType = Union[str, list[str], PromptIds, list[PromptIds]]
 
 
 class CompletionRequest(_Structured):
-    field_rules: ClassVar[dict[str, field_policy.Rule]] = field_policy.COMPLETIONS
+    field_rules: ClassVar[dict[str, field_policy.Rule]] = _policy(field_policy.COMPLETIONS)
 
     prompt: PromptType
     echo: bool = False

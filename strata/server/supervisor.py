@@ -19,8 +19,9 @@ Life cycle of the engine child:
   finish (up to `shutdown_timeout`, then end them cleanly), stop the child, exit 0; a second
   signal ends them all at once, cleanly, and exits with 128 + its number (strata.server.shutdown).
 
-The queue lives here: at most `parallel` requests are sent to the child at once, at most
-`max_queued` wait; more get 429.
+The proxy in front of the child is strata/server/proxy.py; its queue (at most `parallel`
+requests sent to the child at once, at most `max_queued` waiting, more get 429) is
+strata/server/admission.py.
 """
 
 from __future__ import annotations
@@ -28,36 +29,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import re
-import signal
 import sys
-import threading
 import time
-from typing import Any, AsyncIterator, Callable
-from urllib.parse import quote
-
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from typing import Any, Callable
 
 from strata.errors import StrataError
-from strata.server import sse
-from strata.server.common import (ClosingStreamingResponse, Drain, Preparer, first_of, install_error_handlers, read_body,
-                                  wait_for_disconnect)
+from strata.server.common import Drain, first_of
 from strata.server.config import ServerConfig
-from strata.server.connections import ACCEPT_BATCH, ConnectionLimits, guarded_protocol
-from strata.server.edge import EdgeMiddleware, EdgePolicy
-from strata.server.app import ACCESS_KEY, USAGE_TRAILER, USAGE_TRAILER_HEADER, AccessLog, AccessRecord
-from strata.server.engine_client import EngineClient, EngineUnreachable, Reply
-from strata.server.child_handshake import parse_port_report
+from strata.server.engine_child import USER_ERROR_EXIT, EngineChild, start_failure_reason
+from strata.server.engine_client import EngineClient, EngineUnreachable
 from strata.server.engine_launch import Launched, engine_argv, engine_command, launch
-from strata.server.errors import APIError, invalid
-from strata.server.metrics import CONTENT_TYPE, ServerMetrics
-from strata.server.embeddings import EmbeddingRequest
-from strata.server.llama_routes import DetokenizeRequest, TokenizeRequest
-from strata.server.schemas import REQUEST_MODELS, parse_request
-from strata.server.serving import bind, request_exit, serve
-from strata.server.shutdown import ServeShutdown
-from strata.server.upstream import UpstreamReader
+from strata.server.errors import APIError
+from strata.server.metrics import ServerMetrics
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits after the 1st, 2nd, ... failed start
 # A ready engine that dies sooner than this after it became ready is a quick death: the first is
@@ -72,18 +55,6 @@ HEALTH_POLL_S = 0.1
 WATCH_POLL_S = 1.0
 WATCH_ANSWER_S = 2.0
 WATCH_MISSES = 3
-PASS_TIMEOUT_S = 30.0  # a route answered without a slot (models, props, tokenize ...)
-EXIT_SETTLE_S = 5.0  # after a broken upstream connection, how long to wait for the exit code
-USER_ERROR_EXIT = 2  # a child's exit code for a StrataError: its last `strata: <reason>` line says what
-# the usage of a non-streamed answer: the engine writes it last, compact (JSONResponse); an
-# embeddings answer has no completion tokens
-BODY_USAGE = re.compile(rb'"usage":\{"prompt_tokens":(\d+)(?:,"completion_tokens":(\d+))?')
-
-# routes whose requests take an engine slot (queued here, bounded, timed), and their request models
-ADMITTED: dict[str, type] = {**REQUEST_MODELS, "/v1/embeddings": EmbeddingRequest}
-# routes answered by the engine at once, without a slot: checked here, then passed on
-PASSED: dict[str, type] = {"/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
-
 DIED_MESSAGE = "the engine stopped unexpectedly (exit code {code}); it is being restarted"
 WAITED_MESSAGE = "the engine stopped while this request waited; it was not sent; the engine is being restarted"
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
@@ -98,118 +69,16 @@ class EngineUnavailable(APIError):
         super().__init__("unavailable_error", message, code=code)
 
 
-def _died(code: int | None) -> APIError:
+def died(code: int | None) -> APIError:
     return APIError("server_error", DIED_MESSAGE.format(code=code), status=503, code="engine_stopped")
-
-
-# ---------------------------------------------------------------- one engine child
-
-class EngineChild:
-    """One engine process: its pipes, its exit, its readiness, its slots."""
-
-    def __init__(self, launched: Launched, parallel: int, log: Callable[[str], None],
-                 loop: asyncio.AbstractEventLoop):
-        # the port the child bound and reported on its stdout, with proof that it holds its key
-        # (strata/server/child_handshake.py); nothing is sent to it before
-        self.key = launched.key
-        self.port: int | None = None
-        self.url = ""
-        self.reported = asyncio.Event()
-        self.log = log
-        self.loop = loop
-        self.exited = asyncio.Event()
-        self.exit_code: int | None = None
-        self.is_ready = False
-        self.ready_at = 0.0
-        self.reason: str | None = None  # the child's last `strata: <reason>` line
-        self.unhealthy: str | None = None  # why it is being restarted while it still runs (Supervisor._watch)
-        self.last_line = ""
-        self.slots = asyncio.Semaphore(parallel)
-        self.ready: asyncio.Future = loop.create_future()
-        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.started_at = launched.started_at
-        self.proc = launched.proc
-        self._readers = [threading.Thread(target=self._pipe, args=(s,), daemon=True, name="strata-engine-log")
-                         for s in (self.proc.stdout, self.proc.stderr)]
-        for t in self._readers:
-            t.start()
-        threading.Thread(target=self._wait, daemon=True, name="strata-engine-wait").start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.exit_code is None
-
-    def _pipe(self, stream) -> None:
-        """Forward the child's output to our log line by line; remember its error line; take
-        the first genuine port report from its stdout (not logged: it holds a proof)."""
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if stream is self.proc.stdout and self.port is None and (port := parse_port_report(line, self.key)):
-                self.port = port
-                with contextlib.suppress(RuntimeError):  # loop already closed: the server is gone
-                    self.loop.call_soon_threadsafe(self._on_port, port)
-                continue
-            if line.startswith("strata: ") and not line.startswith("strata: warning:"):
-                self.reason = line[len("strata: "):]
-            if line.strip():
-                self.last_line = line.strip()
-            self.log(f"[engine] {line}")
-        stream.close()
-
-    def _wait(self) -> None:
-        code = self.proc.wait()
-        for t in self._readers:  # so the error line is in hand before anyone reads self.reason
-            t.join(timeout=2.0)
-        with contextlib.suppress(RuntimeError):  # loop already closed: the server is gone
-            self.loop.call_soon_threadsafe(self._on_exit, code)
-
-    def _on_port(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.reported.set()
-
-    def _on_exit(self, code: int) -> None:
-        self.exit_code = code
-        self.exited.set()
-
-    def stop_gracefully(self) -> None:
-        if not self.alive:
-            return
-        with contextlib.suppress(OSError):
-            if sys.platform == "win32":
-                self.proc.send_signal(signal.CTRL_BREAK_EVENT)
-            else:
-                self.proc.terminate()
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.proc.kill()
-
-    async def wait_exit(self, timeout: float) -> bool:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.exited.wait(), timeout)
-        return self.exited.is_set()
-
-    def close_stdin(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.proc.stdin:
-                self.proc.stdin.close()
-
-
-def _start_failure_reason(child: EngineChild) -> str:
-    # exit 2 is a user error: the engine's last `strata: <reason>` line says what is wrong
-    if child.exit_code == 2 and child.reason:
-        return child.reason
-    tail = f" (last output: {child.last_line})" if child.last_line else ""
-    return f"it exited with code {child.exit_code}{tail}"
 
 
 # ---------------------------------------------------------------- the supervisor
 
 class Supervisor:
+    """The engine child's life cycle (the module docstring): starts it, watches its health,
+    restarts it with back-off, and says what /health of the server answers."""
+
     def __init__(self, cfg: ServerConfig, log: Callable[[str], None] = log_stderr,
                  command: list[str] | None = None, first: Launched | None = None):
         """`first`: the first engine, already started (strata serve starts it before it imports
@@ -304,9 +173,9 @@ class Supervisor:
         self.metrics.engine_up.set(0)
         if not child.ready.done() and child.exit_code == USER_ERROR_EXIT and not self.ever_ready \
                 and not self.drain.draining:
-            self._user_error(child, f"the engine could not start: {_start_failure_reason(child)}")
+            self._user_error(child, f"the engine could not start: {start_failure_reason(child)}")
         elif not child.ready.done():
-            why = _start_failure_reason(child)
+            why = start_failure_reason(child)
             self._start_failed(child, f"the engine could not start: {why}")
         elif child.unhealthy is not None:
             self.metrics.engine_exits.labels("unhealthy").inc()
@@ -441,372 +310,3 @@ class Supervisor:
         body = EngineUnavailable(why, code=state).body()
         body["status"] = state
         return 503, body
-
-
-# ---------------------------------------------------------------- the proxy app
-
-class _Lease:
-    """One engine slot held by one request."""
-
-    def __init__(self, sup: Supervisor, child: EngineChild):
-        self.sup, self.child = sup, child
-        self.released = False
-        sup.metrics.in_flight.inc()
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self.child.slots.release()
-            self.sup.metrics.in_flight.dec()
-
-
-class ServeApp:
-    def __init__(self, sup: Supervisor):
-        self.sup = sup
-        self.cfg = sup.cfg
-        self.preparer = Preparer()  # parsing and validating big bodies, off the event loop
-        self.app = self._build()
-
-    def _deadline(self) -> float | None:
-        t = self.cfg.request_timeout
-        return time.monotonic() + t if t > 0 else None
-
-    @staticmethod
-    def _left(deadline: float | None) -> float | None:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    def _timed_out(self) -> APIError:
-        return APIError("timeout_error", f"the request took longer than request_timeout = {self.cfg.request_timeout:g} s",
-                        code="timeout")
-
-    async def _acquire(self, child: EngineChild, deadline, gone: asyncio.Event) -> _Lease:
-        sup = self.sup
-        sup.metrics.queued.inc()
-        try:
-            outcome, _ = await first_of(child.slots.acquire(),
-                                        {"died": child.exited, "shutdown": sup.drain.expired, "gone": gone},
-                                        self._left(deadline))
-        finally:
-            sup.metrics.queued.dec()
-        if outcome == "done":
-            if child.alive:
-                return _Lease(sup, child)
-            child.slots.release()
-            outcome = "died"
-        raise {"died": APIError("server_error", WAITED_MESSAGE, status=503, code="engine_stopped"),
-               "shutdown": APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down"),
-               "gone": _ClientGone(),
-               "timeout": self._timed_out()}[outcome]
-
-    async def _upstream_error(self, child: EngineChild, exc: Exception) -> APIError:
-        if await child.wait_exit(EXIT_SETTLE_S):
-            return _died(child.exit_code)
-        return APIError("server_error", f"the engine connection failed: {exc}", status=503,
-                        code="engine_connection_failed")
-
-    async def _generate(self, request: Request, path: str) -> Response:
-        try:
-            return await self._admit_and_forward(request, path)
-        except APIError as e:
-            self.sup.metrics.requests.labels(str(e.code or e.type)).inc()
-            raise
-
-    async def _admit_and_forward(self, request: Request, path: str) -> Response:
-        sup = self.sup
-        raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
-        req = await self.preparer.run(len(raw), parse_request, ADMITTED[path], raw)
-        sup.drain.refuse_if_draining()
-        if sup.outstanding >= sup.parallel + self.cfg.max_queued:
-            raise APIError("rate_limit_error",
-                           f"too many requests waiting (max_queued = {self.cfg.max_queued}); retry later",
-                           code="queue_full")
-        sup.outstanding += 1
-        lease: _Lease | None = None
-        handed_over = False
-        gone = asyncio.Event()
-        watcher = asyncio.ensure_future(_set_when_gone(request, gone))
-        try:
-            deadline = self._deadline()
-            child = await self._ready_child(deadline, gone)
-            lease = await self._acquire(child, deadline, gone)
-            rec: AccessRecord | None = request.scope.get(ACCESS_KEY)
-            headers = {"content-type": "application/json"}
-            if rec is not None:  # the engine then ends a stream with its usage, for the access log
-                headers[USAGE_TRAILER_HEADER] = "1"
-            try:
-                outcome, resp = await first_of(sup.client.send("POST", child.url + path, raw, headers),
-                                               {"gone": gone, "shutdown": sup.drain.expired}, self._left(deadline))
-            except EngineUnreachable as e:
-                raise await self._upstream_error(child, e) from None
-            self._raise_outcome(outcome)
-            if req.stream and resp.status_code == 200:
-                watcher.cancel()  # from here Starlette watches for the disconnect
-                handed_over = True
-                cleanup = self._relay_cleanup(resp, lease)
-                return ClosingStreamingResponse(self._relay(resp, child, deadline, cleanup, rec), cleanup,
-                                                media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
-            try:
-                outcome, body = await first_of(resp.aread(), {"gone": gone, "shutdown": sup.drain.expired},
-                                               self._left(deadline))
-            except EngineUnreachable as e:
-                raise await self._upstream_error(child, e) from None
-            finally:
-                await resp.aclose()
-            self._raise_outcome(outcome)
-            if rec is not None and (m := _last_match(BODY_USAGE, body)) is not None:
-                rec.set(int(m[1]), int(m[2] or 0))
-            sup.metrics.requests.labels("ok" if resp.status_code < 400 else f"http_{resp.status_code}").inc()
-            return Response(body, status_code=resp.status_code,
-                            media_type=resp.headers.get("content-type", "application/json"))
-        except _ClientGone:
-            sup.metrics.requests.labels("client_gone").inc()
-            return Response(status_code=499)
-        finally:
-            watcher.cancel()
-            if not handed_over:
-                sup.outstanding -= 1
-                if lease is not None:
-                    lease.release()
-
-    def _raise_outcome(self, outcome: str) -> None:
-        if outcome == "gone":
-            raise _ClientGone()
-        if outcome == "shutdown":
-            raise APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
-        if outcome == "timeout":
-            raise self._timed_out()
-
-    async def _ready_child(self, deadline, gone: asyncio.Event) -> EngineChild:
-        outcome, child = await first_of(self.sup.ready_child(self._left(deadline)),
-                                        {"gone": gone, "shutdown": self.sup.drain.expired})
-        self._raise_outcome(outcome)
-        return child
-
-    def _relay_cleanup(self, resp: Reply, lease: _Lease):
-        done = False
-
-        async def cleanup() -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            self.sup.outstanding -= 1
-            lease.release()
-            await resp.aclose()  # closing the upstream makes the engine cancel the generation
-        return cleanup
-
-    async def _relay(self, resp: Reply, child: EngineChild, deadline, cleanup,
-                     rec: AccessRecord | None = None) -> AsyncIterator[bytes]:
-        """Pass the engine's SSE bytes through as they come, unparsed (what arrived since the last
-        write goes out as one chunk); if the engine dies or time runs out, end the stream with an
-        error event and [DONE]. What the engine sends after its [DONE] (the usage trailer this
-        proxy asked for: app.usage_trailer) is kept back and read into `rec`. The stream is
-        counted, and `rec` filled, before [DONE] goes out: a client may leave as soon as it
-        reads it."""
-        sup = self.sup
-        at_boundary = True  # the bytes sent so far end between two events
-        done_tail = sse.DoneSplitter()
-        outcome_label: str | None = "ok"  # None once counted: [DONE] is on its way to the client
-        reader = UpstreamReader(resp.aiter_raw())
-        # one watcher and one timer for the whole stream, not a race per chunk
-        shutdown = asyncio.ensure_future(sup.drain.expired.wait())
-        shutdown.add_done_callback(lambda f: f.cancelled() or reader.stop("shutdown"))
-        left = self._left(deadline)
-        timer = None if left is None else asyncio.get_running_loop().call_later(left, reader.stop, "timeout")
-        try:
-            while True:
-                what, value = await reader.next()
-                if what == "data":
-                    value = done_tail.feed(value)
-                    if value:
-                        at_boundary = value.endswith(b"\n\n")
-                        yield value
-                    # past [DONE], only the usage trailer (when asked for) is still awaited
-                    if not done_tail.done or (rec is not None and not USAGE_TRAILER.search(done_tail.after)):
-                        continue
-                if done_tail.done:  # the engine finished the stream, whatever ended the read after it
-                    m = USAGE_TRAILER.search(done_tail.after or b"")
-                    if rec is not None and m is not None:
-                        rec.set(int(m[1]), int(m[2]))
-                    sup.metrics.requests.labels(outcome_label).inc()
-                    outcome_label = None
-                    yield done_tail.held
-                    return
-                if what == "end":
-                    break
-                if what == "error":
-                    if not isinstance(value, EngineUnreachable):
-                        raise value
-                    err = await self._upstream_error(child, value)
-                else:
-                    err = (APIError("unavailable_error", SHUTDOWN_MESSAGE, code="shutting_down")
-                           if value == "shutdown" else self._timed_out())
-                sup.metrics.requests.labels(err.code).inc()
-                outcome_label = None
-                yield (b"" if at_boundary else b"\n\n") + sse.error_and_done(err.message, err.type, err.code)
-                return
-        except asyncio.CancelledError:
-            if outcome_label is not None:  # (a client that leaves after [DONE] was served)
-                outcome_label = "client_gone"
-            raise
-        finally:
-            shutdown.cancel()
-            if timer is not None:
-                timer.cancel()
-            reader.close()
-            if outcome_label is not None:
-                sup.metrics.requests.labels(outcome_label).inc()
-            await cleanup()
-
-    async def _proxy_get(self, request: Request, path: str) -> Response:
-        return await self._pass(path, None)
-
-    async def _proxy_post(self, request: Request, path: str) -> Response:
-        """A route that takes no slot: its body bounded and checked here, then passed on."""
-        raw = await read_body(request, self.cfg.max_request_bytes, self.cfg.body_timeout)
-        await self.preparer.run(len(raw), parse_request, PASSED[path], raw)
-        return await self._pass(path, raw)
-
-    async def _pass(self, path: str, body: bytes | None) -> Response:
-        """The engine's answer to GET path (body None) or POST path with body."""
-        self.sup.drain.refuse_if_draining()
-        child = await self.sup.ready_child(self._left(self._deadline()))
-        try:
-            if body is None:
-                r = await self.sup.client.get(child.url + path, timeout=PASS_TIMEOUT_S)
-            else:
-                r = await self.sup.client.post(child.url + path, content=body, timeout=PASS_TIMEOUT_S,
-                                               headers={"content-type": "application/json"})
-        except EngineUnreachable as e:
-            raise await self._upstream_error(child, e) from None
-        return Response(r.content, status_code=r.status_code,
-                        media_type=r.headers.get("content-type", "application/json"))
-
-    def _build(self) -> FastAPI:
-        sup = self.sup
-
-        @contextlib.asynccontextmanager
-        async def lifespan(app: FastAPI):
-            await sup.start()
-            try:
-                yield
-            finally:
-                await sup.stop()
-
-        app = FastAPI(title="strata serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-        install_error_handlers(app, sup.log)
-        app.add_middleware(EdgeMiddleware, policy=EdgePolicy.for_bind(
-            self.cfg.host, api_key=self.cfg.api_key, allowed_hosts=self.cfg.allowed_hosts,
-            allowed_origins=self.cfg.allowed_origins))
-        if self.cfg.access_log:  # added last: outermost, so refusals at the edge are logged too
-            app.add_middleware(AccessLog, log=sup.log, prefix="strata serve")
-
-        @app.get("/health")
-        async def health():
-            status, body = sup.health()
-            return JSONResponse(body, status_code=status)
-
-        @app.get("/metrics")
-        async def metrics(request: Request):
-            text = sup.metrics.render()
-            child = sup.child
-            if child is not None and child.alive and child.is_ready:
-                with contextlib.suppress(EngineUnreachable):
-                    r = await sup.client.get(child.url + "/metrics", timeout=2.0)
-                    if r.status_code == 200:
-                        text += r.content
-            return Response(text, media_type=CONTENT_TYPE)
-
-        @app.get("/v1/models")
-        async def models(request: Request):
-            return await self._proxy_get(request, "/v1/models")
-
-        @app.get("/v1/models/{model_id:path}")
-        async def model(model_id: str, request: Request):
-            return await self._proxy_get(request, model_path(model_id))
-
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request):
-            return await self._generate(request, "/v1/chat/completions")
-
-        @app.post("/v1/completions")
-        async def completions(request: Request):
-            return await self._generate(request, "/v1/completions")
-
-        @app.post("/v1/embeddings")
-        async def embeddings(request: Request):
-            return await self._generate(request, "/v1/embeddings")
-
-        # llama-server's own routes
-        @app.post("/tokenize")
-        async def tokenize(request: Request):
-            return await self._proxy_post(request, "/tokenize")
-
-        @app.post("/detokenize")
-        async def detokenize(request: Request):
-            return await self._proxy_post(request, "/detokenize")
-
-        @app.get("/props")
-        async def props(request: Request):
-            return await self._proxy_get(request, "/props")
-
-        @app.get("/slots")
-        async def slots(request: Request):
-            return await self._proxy_get(request, "/slots")
-
-        return app
-
-
-# a model id never holds control characters, and a path segment "." or ".." would be resolved
-# away by the URL instead of reaching the engine as a name
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def model_path(model_id: str) -> str:
-    """The engine's path for /v1/models/{model_id}: the id quoted whole (its slashes and dots
-    stay part of the name), never a way to reach another engine route."""
-    if _CONTROL.search(model_id):
-        raise invalid("model: the model id holds control characters", param="model")
-    if any(seg in (".", "..") for seg in model_id.split("/")):
-        raise APIError("not_found_error", f"model {model_id!r} not found", param="model", code="model_not_found")
-    return "/v1/models/" + quote(model_id, safe="")
-
-
-def _last_match(pattern: re.Pattern, body: bytes) -> re.Match | None:
-    """The pattern's last match in body (a JSON answer's usage comes last; an answer's text
-    cannot imitate it: the quotes inside JSON strings are escaped)."""
-    found = None
-    for found in pattern.finditer(body):
-        pass
-    return found
-
-
-class _ClientGone(Exception):
-    """The client disconnected before its answer began."""
-
-
-async def _set_when_gone(request: Request, gone: asyncio.Event) -> None:
-    await wait_for_disconnect(request)
-    gone.set()
-
-
-def run_server(cfg: ServerConfig, log: Callable[[str], None] = log_stderr, command: list[str] | None = None,
-               first: Launched | None = None) -> int:
-    """Serve until a signal (exit 0; a second signal stops at once: 128 + its number), or until
-    the first engine refuses its pack or flags: then that one line as a StrataError (exit 2).
-    `first`: the first engine, already started."""
-    sup = Supervisor(cfg, log, command, first)
-    app = ServeApp(sup).app
-    sup.on_fatal = lambda: request_exit(app)
-    sock = bind(cfg.host, cfg.port)
-    host, port = sock.getsockname()[:2]
-    log(f"strata serve: listening on http://{host}:{port} ({sup.parallel} slot(s), queue bound {cfg.max_queued})")
-
-    shutdown = ServeShutdown(sup, app, cfg.shutdown_timeout, log)
-    protocol = guarded_protocol(ConnectionLimits(cfg.header_timeout, cfg.max_connections), log, "strata serve")
-    serve(app, sock, on_signal=shutdown.first, on_again=shutdown.again, graceful_timeout_s=cfg.shutdown_timeout + 5,
-          http_protocol=protocol, backlog=ACCEPT_BATCH)
-    if sup.fatal is not None:
-        raise sup.fatal
-    log("strata serve: stopped")
-    return shutdown.exit_code
