@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from strata.kernels.native_table import table_for_backend
+from strata.backend.kernel_table import table_for_backend
 from strata.kernels.probe import SHARED_WINDOWS_ONLY, instead, run_probe
 from tests.support.engines import chat_prompts, greedy, load_engine, run_all
 from tests.support.model_fixtures import default_model_or_skip
@@ -79,9 +79,6 @@ def test_each_reason_has_its_clause(code, n, words):
 
 
 def test_a_lone_slot_without_a_draft_is_no_draft_not_single_slot():
-    class Opts:
-        parallel, spec, batch_mtp = 1, 0, True
-
     tensors = {"token_embd.weight": (0, (8, 16)), "blk.0.attn_q.weight": (0, (8, 8))}
-    rep = run_probe(tensors, None, Opts(), "cpu", table_for_backend("cpu", set()))
+    rep = run_probe(tensors, None, "cpu", table_for_backend("cpu", set()), parallel=1, spec=0, batch_mtp=True)
     assert rep.slots[0].reason_code == "no_draft"

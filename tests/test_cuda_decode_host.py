@@ -39,7 +39,7 @@ def decoder(tmp_path_factory):
 
 
 def test_every_decoder_bit_exact(decoder):
-    from strata.kernels.cuda.mmvq import QUANT_TYPES
+    from strata.kernels.cuda.mmvq_policy import QUANT_TYPES
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     bad = []

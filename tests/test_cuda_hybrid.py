@@ -16,7 +16,7 @@ from strata.backend.base import Backend  # noqa: E402
 from strata.backend.cpu import CpuBackend  # noqa: E402
 from strata.backend.cuda import CudaBackend  # noqa: E402
 from strata.model.build import build_model  # noqa: E402
-from strata.model.hybrid.layers import DeltaNet  # noqa: E402
+from strata.model.layers.delta_net import DeltaNet  # noqa: E402
 from strata.model.transformer import Span  # noqa: E402
 from strata.pack.loader import open_pack  # noqa: E402
 from strata.pack.presets import TINY  # noqa: E402

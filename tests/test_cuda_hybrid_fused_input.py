@@ -18,7 +18,7 @@ from strata.model.transformer import Span  # noqa: E402
 from strata.pack.loader import open_pack  # noqa: E402
 from strata.pack.presets import TINY  # noqa: E402
 from strata.pack.synth import synth_pack  # noqa: E402
-from strata.pack.synth_hybrid import with_delta_net_input  # noqa: E402
+from strata.pack.synth_plan import with_delta_net_input  # noqa: E402
 from tests.test_hybrid_fused_input import IDS, split_copy  # noqa: E402
 
 

@@ -21,7 +21,10 @@ cp = require_cuda()
 
 from strata.kernels import mmvq_numpy  # noqa: E402
 from strata.kernels.activation_quant import quantize_activations  # noqa: E402
+from strata.kernels.cuda import experts as gx  # noqa: E402
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
+from strata.kernels.cuda import mmvq_build as build  # noqa: E402
+from strata.kernels.cuda import mmvq_policy as policy  # noqa: E402
 from strata.kernels.ggml_types import BY_NAME, type_by_id  # noqa: E402
 from strata.kernels.random_blocks import random_blocks  # noqa: E402
 
@@ -32,11 +35,12 @@ NCOLS = (1, 2, 3, 4, 8)
 SEED = int.from_bytes(os.urandom(4), "little")
 TYPES = [t for t in gpu.supported_types()]
 NAMES = [type_by_id(t).name for t in TYPES]
+WIDE_TYPES = tuple(build.KNOBS.wide_warps)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled():
-    gpu.compile_all()
+    build.compile_all()
 
 
 def _rng(*salt):
@@ -93,15 +97,15 @@ def test_mmvq_matches_mirror(type_id):
 def test_group_rows_only_for_large_matrices_of_few_rows():
     """RPW rows per group unless that leaves over a quarter of the warp slots empty on a
     matrix of GROUP2_BYTES or more; then 2."""
-    big = gpu.GROUP2_BYTES
-    assert gpu._group_rows(14336, 2640, 8 * big) == gpu.RPW  # an FFN gate / up projection
-    assert gpu._group_rows(4096, 2640, 3 * big) == 2  # its down projection: 1024 warps -> 2048
-    assert gpu._group_rows(4096, 2640, big - 1) == gpu.RPW  # small: latency-bound
-    assert gpu._group_rows(1980 * 4, 2640, 8 * big) == gpu.RPW  # exactly three quarters: RPW
+    big = policy.GROUP2_BYTES
+    assert policy.group_rows(14336, 2640, 8 * big) == gpu.RPW  # an FFN gate / up projection
+    assert policy.group_rows(4096, 2640, 3 * big) == 2  # its down projection: 1024 warps -> 2048
+    assert policy.group_rows(4096, 2640, big - 1) == gpu.RPW  # small: latency-bound
+    assert policy.group_rows(1980 * 4, 2640, 8 * big) == gpu.RPW  # exactly three quarters: RPW
     q4k = 12
     k = 14336
     (ln,) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True, k=k)
-    resident = gpu._resident_warps(q4k, gpu._mmvq_name(q4k, 1, True))
+    resident = build.resident_warps(q4k, policy.mmvq_name(q4k, 1, True))
     if 4 * 4096 < 3 * gpu.RPW * resident:  # the H200 and most large GPUs
         assert ln.name == "mmvq<12, 1, true, 2>" and ln.rpw == 2 and ln.grid[0] == 4096 // (2 * gpu.WARPS)
     (ln,) = gpu.column_launches(q4k, 4096, 1, split=False, aligned=True)  # no k: RPW
@@ -140,7 +144,7 @@ def test_aligned_rows_instances_equal_the_general_ones(type_id):
         (ln,) = gpu.column_launches(type_id, rows, 1, split=False, aligned=aligned)
         assert (", true" in ln.name) == aligned
         out = cp.full((1, rows), cp.nan, dtype=cp.float32)
-        gpu._function(type_id, ln.name)(ln.grid, ln.block, (
+        build.function(type_id, ln.name)(ln.grid, ln.block, (
             w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(ln.rpw), q8.q, q8.meta, out),
             shared_mem=ln.smem)
         got[aligned] = cp.asnumpy(out)
@@ -149,35 +153,36 @@ def test_aligned_rows_instances_equal_the_general_ones(type_id):
     # the aligned instance with each group size (rows a warp works on together: _group_rows
     # takes 2 or 1 for few rows): the same bits, every row written
     for group in (gpu.RPW, 2, 1):
-        name = gpu._mmvq_name(type_id, 1, True, group)
+        name = policy.mmvq_name(type_id, 1, True, group)
         out = cp.full((1, rows), cp.nan, dtype=cp.float32)
-        gpu._function(type_id, name)((-(-rows // (group * gpu.WARPS)),), (gpu.WARPS * 32,), (
+        build.function(type_id, name)((-(-rows // (group * gpu.WARPS)),), (gpu.WARPS * 32,), (
             w3, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(group), q8.q, q8.meta, out))
         np.testing.assert_array_equal(cp.asnumpy(out), got[True], err_msg=f"{name} (seed {SEED})")
     ids = cp.asarray(np.array([[2, 0]], dtype=np.int32))
     ref_e = mmvq_numpy.mmvq_experts(type_id, host, cp.asnumpy(ids), x)
     got_e = {}
+    matrices = gx.resident_matrices(w3)  # one address per expert: the table the experts kernels read
     for aligned in (False, True):
-        name = gpu._ids_name(type_id, aligned)
-        rpw = gpu._rows_per_warp(type_id, name, rows, 2)
+        name = policy.ids_name(type_id, aligned)
+        rpw = policy.rows_per_warp(build.device_facts(), build.KNOBS, type_id, name, rows, 2)
         out = cp.full((1, 2, rows), cp.nan, dtype=cp.float32)
-        gpu._function(type_id, name)((-(-rows // (rpw * gpu.WARPS)), 2), (gpu.WARPS * 32,), (
-            w3, np.int64(rows * row_bytes), np.int32(n_expert), ids, np.int32(2), np.int32(rows),
+        build.function(type_id, name)((-(-rows // (rpw * gpu.WARPS)), 2), (gpu.WARPS * 32,), (
+            matrices.table, np.int32(n_expert), ids, np.int32(2), np.int32(rows),
             np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
         got_e[aligned] = cp.asnumpy(out)
         assert _rel(got_e[aligned], ref_e) < REL_BOUND, f"experts aligned={aligned} (seed {SEED})"
     np.testing.assert_array_equal(got_e[False], got_e[True])
 
 
-@pytest.mark.parametrize("type_id", gpu.WIDE_TYPES, ids=[type_by_id(t).name for t in gpu.WIDE_TYPES])
+@pytest.mark.parametrize("type_id", WIDE_TYPES, ids=[type_by_id(t).name for t in WIDE_TYPES])
 def test_wide_codebook_kernel_equals_the_eight_copy_one(type_id):
     """mmvq_wide (a codebook copy per lane, 16-warp blocks on dynamic shared memory) reads the
     same words as mmvq's 8 copies: the same bits for every group size, rows per warp that are
     not a multiple of the group, both alignments, a grid past one block per SM; and column_launches
     picks it for one column where the device has the shared memory (the H200 has)."""
-    if not gpu._wide_ok():
+    if not policy.wide_ok(build.device_facts(), build.KNOBS):
         pytest.skip("this GPU gives a block less than mmvq_wide's shared memory")
-    most = gpu.WIDE_WARPS[type_id]
+    most = build.KNOBS.wide_warps[type_id]
     rows, k = 2 * most * 4 * 3 + 13, 4096  # several blocks, a ragged tail
     rng = _rng(type_id, 7)
     t = type_by_id(type_id)
@@ -187,30 +192,30 @@ def test_wide_codebook_kernel_equals_the_eight_copy_one(type_id):
     x = _x(rng, 1, k)
     q8 = gpu.quantize_q8_1(cp.asarray(x))
     ref_out = cp.full((1, rows), cp.nan, dtype=cp.float32)
-    gpu._function(type_id, gpu._mmvq_name(type_id, 1, True))((-(-rows // (gpu.RPW * gpu.WARPS)),), (gpu.WARPS * 32,), (
+    build.function(type_id, policy.mmvq_name(type_id, 1, True))((-(-rows // (gpu.RPW * gpu.WARPS)),), (gpu.WARPS * 32,), (
         w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(gpu.RPW), q8.q, q8.meta, ref_out))
     ref = cp.asnumpy(ref_out)
     assert _rel(ref, mmvq_numpy.mmvq(type_id, host, x)) < REL_BOUND
     for aligned in (True, False):
         for group in (gpu.RPW, 2, 1):
             for rpw, warps in ((group, most), (3 * group + (1 if group > 1 else 0), most - 3)):
-                name = gpu._wide_name(type_id, aligned, group)
+                name = policy.wide_name(type_id, aligned, group)
                 out = cp.full((1, rows), cp.nan, dtype=cp.float32)
-                gpu._function(type_id, name)((-(-rows // (rpw * warps)),), (warps * 32,), (
+                build.function(type_id, name)((-(-rows // (rpw * warps)),), (warps * 32,), (
                     w, np.int32(rows), np.int32(row_bytes), np.int32(k), np.int32(rpw), q8.q, q8.meta, out),
-                    shared_mem=gpu.WIDE_SMEM)
+                    shared_mem=build.KNOBS.wide_smem)
                 np.testing.assert_array_equal(cp.asnumpy(out), ref, err_msg=f"{name} rpw {rpw} (seed {SEED})")
     # the rule: few long rows (groups of 2) from WIDE_MIN_BYTES, any matrix from WIDE_ANY_BYTES
-    assert gpu._takes_wide(type_id, gpu.WIDE_MIN_BYTES, 2) and not gpu._takes_wide(type_id, gpu.WIDE_MIN_BYTES - 1, 2)
-    assert not gpu._takes_wide(type_id, gpu.WIDE_ANY_BYTES - 1, gpu.RPW) and gpu._takes_wide(type_id, gpu.WIDE_ANY_BYTES, gpu.RPW)
-    assert not gpu._takes_wide(12, gpu.WIDE_ANY_BYTES, gpu.RPW)  # Q4_K: no codebook
+    assert policy.takes_wide(build.device_facts(), build.KNOBS, type_id, policy.WIDE_MIN_BYTES, 2) and not policy.takes_wide(build.device_facts(), build.KNOBS, type_id, policy.WIDE_MIN_BYTES - 1, 2)
+    assert not policy.takes_wide(build.device_facts(), build.KNOBS, type_id, policy.WIDE_ANY_BYTES - 1, gpu.RPW) and policy.takes_wide(build.device_facts(), build.KNOBS, type_id, policy.WIDE_ANY_BYTES, gpu.RPW)
+    assert not policy.takes_wide(build.device_facts(), build.KNOBS, 12, policy.WIDE_ANY_BYTES, gpu.RPW)  # Q4_K: no codebook
     # a down projection's shape (rows of 14336 weights, groups of 2) at WIDE_MIN_BYTES: mmvq_wide,
     # the same bits as the 8-copy kernel
     k2 = 14336
     row2 = t.row_bytes(k2)
-    big = -(-gpu.WIDE_MIN_BYTES // row2)
+    big = -(-policy.WIDE_MIN_BYTES // row2)
     (ln,) = gpu.column_launches(type_id, big, 1, split=False, aligned=True, k=k2)
-    assert ln.name == gpu._wide_name(type_id, True, 2) and ln.smem == gpu.WIDE_SMEM and ln.block[0] <= 32 * most
+    assert ln.name == policy.wide_name(type_id, True, 2) and ln.smem == build.KNOBS.wide_smem and ln.block[0] <= 32 * most
     assert ln.grid[0] * ln.rpw * (ln.block[0] // 32) >= big
     (ln,) = gpu.column_launches(type_id, big - 1, 1, split=False, aligned=True, k=k2)
     assert ln.name.startswith("mmvq<")  # a smaller matrix: the 8-copy kernel
@@ -219,12 +224,12 @@ def test_wide_codebook_kernel_equals_the_eight_copy_one(type_id):
     wbig = cp.asarray(random_blocks(type_id, big, k2, rng))
     q82 = gpu.quantize_q8_1(cp.asarray(_x(rng, 1, k2)))
     out = cp.full((1, big), cp.nan, dtype=cp.float32)
-    gpu._function(type_id, gpu._mmvq_name(type_id, 1, True))((-(-big // (gpu.RPW * gpu.WARPS)),), (gpu.WARPS * 32,), (
+    build.function(type_id, policy.mmvq_name(type_id, 1, True))((-(-big // (gpu.RPW * gpu.WARPS)),), (gpu.WARPS * 32,), (
         wbig, np.int32(big), np.int32(row2), np.int32(k2), np.int32(gpu.RPW), q82.q, q82.meta, out))
     np.testing.assert_array_equal(cp.asnumpy(gpu.mmvq(type_id, wbig, big, k2, q82)), cp.asnumpy(out))
 
 
-@pytest.mark.parametrize("type_id", gpu.LEAN_TYPES, ids=[type_by_id(t).name for t in gpu.LEAN_TYPES])
+@pytest.mark.parametrize("type_id", build.KNOBS.lean_types, ids=[type_by_id(t).name for t in build.KNOBS.lean_types])
 def test_lean_instance_equals_the_default(type_id, monkeypatch):
     """The lean one-column instance (one chunk per lane per tile, registers held for more resident
     blocks) gives the default instance's bits, for a ragged tail and several rows per warp; and
@@ -237,12 +242,12 @@ def test_lean_instance_equals_the_default(type_id, monkeypatch):
     w = cp.asarray(host)
     x = _x(rng, 1, k)
     q8 = gpu.quantize_q8_1(cp.asarray(x))
-    default, lean = gpu._mmvq_name(type_id, 1, True), gpu._mmvq_name(type_id, 1, True, lean=True)
+    default, lean = policy.mmvq_name(type_id, 1, True), policy.mmvq_name(type_id, 1, True, lean=True)
     outs = {}
     for name in (default, lean):
         for rpw in (gpu.RPW, 3 * gpu.RPW):
             out = cp.full((1, rows), cp.nan, dtype=cp.float32)
-            gpu._function(type_id, name)((-(-rows // (rpw * gpu.WARPS)),), (gpu.WARPS * 32,), (
+            build.function(type_id, name)((-(-rows // (rpw * gpu.WARPS)),), (gpu.WARPS * 32,), (
                 w, np.int32(rows), np.int32(t.row_bytes(k)), np.int32(k), np.int32(rpw), q8.q, q8.meta, out))
             outs[name, rpw] = cp.asnumpy(out)
     ref = outs[default, gpu.RPW]
@@ -250,19 +255,19 @@ def test_lean_instance_equals_the_default(type_id, monkeypatch):
     for key, out in outs.items():
         np.testing.assert_array_equal(out, ref, err_msg=f"{key} (seed {SEED})")
     # the rule, at the row counts where the resident warps of the two instances part
-    few, many = gpu._resident_warps(type_id, default), gpu._resident_warps(type_id, lean)
+    few, many = build.resident_warps(type_id, default), build.resident_warps(type_id, lean)
     assert many > few  # more blocks per SM: the point of the instance
     def name_at(n):
         (ln,) = gpu.column_launches(type_id, n, 1, split=False, aligned=True, k=k)
         return ln.name
-    if gpu.pdl.enabled():
+    if build.pdl.enabled():
         assert name_at(gpu.RPW * few + 1) == lean and name_at(gpu.RPW * many) == lean
     else:
         assert name_at(gpu.RPW * few + 1) == default
     assert name_at(gpu.RPW * few) == default and name_at(gpu.RPW * many + 1) == default
-    monkeypatch.setattr(gpu.pdl, "enabled", lambda: False)
+    monkeypatch.setattr(build.pdl, "enabled", lambda: False)
     assert name_at(gpu.RPW * few + 1) == default
-    assert not gpu._takes_lean(42, gpu.RPW * few + 1, few)  # Q2_0: not a lean type
+    assert not policy.takes_lean(build.device_facts(), build.KNOBS, 42, gpu.RPW * few + 1, few)  # Q2_0: not a lean type
 
 
 @pytest.mark.parametrize("type_id", TYPES, ids=NAMES)
@@ -275,7 +280,7 @@ def test_mmvq_experts_matches_mirror(type_id):
         x = _x(rng, ncols, k)
         ref = mmvq_numpy.mmvq_experts(type_id, w, ids, x)
         out = cp.full((ncols, n_used, rows), cp.nan, dtype=cp.float32)
-        gpu.mmvq_experts(type_id, cp.asarray(w), cp.asarray(ids), cp.asarray(x), out=out)
+        gx.mmvq_experts(type_id, cp.asarray(w), cp.asarray(ids), cp.asarray(x), out=out)
         got = cp.asnumpy(out)
         assert np.isfinite(got).all(), f"unwritten outputs (seed {SEED})"
         assert _rel(got, ref) < REL_BOUND, f"ncols={ncols}: rel {_rel(got, ref):.3g} (seed {SEED})"
@@ -286,7 +291,7 @@ def test_experts_bad_id_gives_nan_rows():
     rng = _rng(7)
     w = np.stack([random_blocks(tid, 8, 256, rng) for _ in range(2)])
     ids = cp.asarray(np.array([[0, 5]], dtype=np.int32))
-    out = cp.asnumpy(gpu.mmvq_experts(tid, cp.asarray(w), ids, cp.asarray(_x(rng, 1, 256))))
+    out = cp.asnumpy(gx.mmvq_experts(tid, cp.asarray(w), ids, cp.asarray(_x(rng, 1, 256))))
     assert np.isfinite(out[0, 0]).all() and np.isnan(out[0, 1]).all()
 
 
@@ -303,9 +308,9 @@ def test_experts_pair_equals_two_launches(id1, id2):
     x = cp.asarray(_x(rng, 3, k))
     q8 = gpu.quantize_q8_1(x)
     cp.full(1 << 20, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
-    g, u = gpu.mmvq_experts_pair(id1, w1, id2, w2, cp.asarray(ids), q8)
-    g_ref = gpu.mmvq_experts(id1, w1, cp.asarray(ids), x, q8=q8)
-    u_ref = gpu.mmvq_experts(id2, w2, cp.asarray(ids), x, q8=q8)
+    g, u = gx.mmvq_experts_pair(id1, w1, id2, w2, cp.asarray(ids), q8)
+    g_ref = gx.mmvq_experts(id1, w1, cp.asarray(ids), x, q8=q8)
+    u_ref = gx.mmvq_experts(id2, w2, cp.asarray(ids), x, q8=q8)
     for got, ref in ((g, g_ref), (u, u_ref)):
         got, ref = cp.asnumpy(got), cp.asnumpy(ref)
         assert np.isnan(got[2, 1]).all() and np.isnan(ref[2, 1]).all()
@@ -330,7 +335,7 @@ def test_experts_grouped_equals_one_pass_per_pair(type_id):
                           + [np.array([-1, n_expert, 99])]).astype(np.int32)
     ids = rng.permutation(flat).reshape(n, n_used)
     ids_d = cp.asarray(ids)
-    plan = gpu.expert_plan(ids_d, n_expert)
+    plan = gx.expert_plan(ids_d, n_expert)
     x = cp.asarray(_x(rng, n, k))
     q8 = gpu.quantize_q8_1(x)
     per_x = cp.asarray(_x(rng, n * n_used, k))
@@ -341,8 +346,8 @@ def test_experts_grouped_equals_one_pass_per_pair(type_id):
              (True, per_x, per_q8, ids_d.reshape(-1, 1), w2))  # a second matrix on the same rows (an MoE's up)
     for per_pair, act, act_q8, ref_ids, wm in cases:
         cp.full(1 << 22, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
-        got = cp.asnumpy(gpu.mmvq_experts_grouped(type_id, wm, plan, act_q8, per_pair=per_pair))
-        ref = cp.asnumpy(gpu.mmvq_experts(type_id, wm, ref_ids, act, q8=act_q8)).reshape(n * n_used, rows)
+        got = cp.asnumpy(gx.mmvq_experts_grouped(type_id, wm, plan, act_q8, per_pair=per_pair))
+        ref = cp.asnumpy(gx.mmvq_experts(type_id, wm, ref_ids, act, q8=act_q8)).reshape(n * n_used, rows)
         assert np.isnan(got[bad]).all() and np.isnan(ref[bad]).all()
         assert np.isfinite(got[~bad]).all(), f"unwritten outputs (seed {SEED})"
         np.testing.assert_array_equal(got[~bad], ref[~bad])
@@ -361,7 +366,7 @@ def test_mmq_experts_match_mmvq_and_ignore_their_tile(type_id):
     experts and for a row per pair. 45 rows leave a partial row block; ~27 pairs an expert give
     tiles of one to four column groups, and some experts two tiles."""
     n_expert, rows, k, n, n_used = 5, 45, 1024, 45, 3
-    assert gpu.mmq_supports(type_id, k)
+    assert gx.mmq_supports(type_id, k)
     rng = _rng(type_id, 41)
     w = cp.asarray(np.stack([random_blocks(type_id, rows, k, rng) for _ in range(n_expert)]))
     ids = rng.integers(0, n_expert, (n, n_used)).astype(np.int32)
@@ -374,13 +379,13 @@ def test_mmq_experts_match_mmvq_and_ignore_their_tile(type_id):
         xa = cp.asarray(_x(rng, (n + 13) * per, k))
         q8 = gpu.quantize_q8_1(xa[6 * per : (6 + n) * per])  # quantized per row: the same rows in both
         q8_all = gpu.quantize_q8_1(xa)
-        plan = gpu.expert_plan(cp.asarray(ids), n_expert, cols=gpu.MMQ_COLS)
-        plan_ref = gpu.expert_plan(cp.asarray(ids), n_expert)
-        plan_all = gpu.expert_plan(ids_all, n_expert)  # tiles of GROUP_COLS
+        plan = gx.expert_plan(cp.asarray(ids), n_expert, cols=gx.MMQ_COLS)
+        plan_ref = gx.expert_plan(cp.asarray(ids), n_expert)
+        plan_all = gx.expert_plan(ids_all, n_expert)  # tiles of GROUP_COLS
         cp.full(1 << 22, cp.nan, dtype=cp.float32)  # poison what the pool hands out next
-        got = cp.asnumpy(gpu.mmq_experts_grouped(type_id, w, plan, q8, per_pair=per_pair))
-        ref = cp.asnumpy(gpu.mmvq_experts_grouped(type_id, w, plan_ref, q8, per_pair=per_pair))
-        alone = cp.asnumpy(gpu.mmq_experts_grouped(type_id, w, plan_all, q8_all, per_pair=per_pair))
+        got = cp.asnumpy(gx.mmq_experts_grouped(type_id, w, plan, q8, per_pair=per_pair))
+        ref = cp.asnumpy(gx.mmvq_experts_grouped(type_id, w, plan_ref, q8, per_pair=per_pair))
+        alone = cp.asnumpy(gx.mmq_experts_grouped(type_id, w, plan_all, q8_all, per_pair=per_pair))
         alone = alone[6 * n_used : 6 * n_used + n * n_used]
         assert np.isnan(got[bad]).all()
         assert np.isfinite(got[~bad]).all(), f"unwritten outputs (seed {SEED})"
@@ -394,14 +399,14 @@ def test_mmq_takes_whole_steps_only():
     downs) suit Q2_0 and IQ4_NL, not Q4_K, whose experts then keep mmvq_grouped; a plan of
     GROUP_COLS tiles is the only one mmvq_grouped takes."""
     q2, nl, q4k = (BY_NAME[n].id for n in ("Q2_0", "IQ4_NL", "Q4_K"))
-    assert gpu.mmq_supports(q2, 640) and gpu.mmq_supports(nl, 640)
-    assert not gpu.mmq_supports(q4k, 640) and gpu.mmq_supports(q4k, 768)
-    assert not gpu.mmq_supports(BY_NAME["F16"].id, 1024)
+    assert gx.mmq_supports(q2, 640) and gx.mmq_supports(nl, 640)
+    assert not gx.mmq_supports(q4k, 640) and gx.mmq_supports(q4k, 768)
+    assert not gx.mmq_supports(BY_NAME["F16"].id, 1024)
     ids = cp.asarray(np.zeros((4, 2), dtype=np.int32))
     w = cp.zeros((1, 8, BY_NAME["Q2_0"].row_bytes(640)), dtype=cp.uint8)
     q8 = gpu.quantize_q8_1(cp.zeros((4, 640), dtype=cp.float32))
     with pytest.raises(ValueError, match="tiles of"):
-        gpu.mmvq_experts_grouped(q2, w, gpu.expert_plan(ids, 1, cols=gpu.MMQ_COLS), q8)
+        gx.mmvq_experts_grouped(q2, w, gx.expert_plan(ids, 1, cols=gx.MMQ_COLS), q8)
 
 
 def test_expert_plan_tiles_cover_every_pair_once():
@@ -420,9 +425,9 @@ def test_expert_plan_tiles_cover_every_pair_once():
 
 
 def _check_plan(ids, n_expert, assert_plan_covers):
-    for cols in (gpu.GROUP_COLS, gpu.MMQ_COLS):
-        plan = gpu.expert_plan(cp.asarray(ids), n_expert, cols=cols)
-        host = gpu.expert_plan(ids, n_expert, xp=np, cols=cols)
+    for cols in (gx.GROUP_COLS, gx.MMQ_COLS):
+        plan = gx.expert_plan(cp.asarray(ids), n_expert, cols=cols)
+        host = gx.expert_plan(ids, n_expert, xp=np, cols=cols)
         used = int(cp.asnumpy(plan.n_tiles)[0])
         assert_plan_covers(ids, n_expert, cp.asnumpy(plan.order), cp.asnumpy(plan.tiles), used, plan.max_tiles, cols)
         # the device builds it in one kernel (expert_plan_build); tiles past the used ones never run

@@ -21,6 +21,7 @@ cp = require_cuda()
 
 from strata.kernels.cuda import fused  # noqa: E402
 from strata.kernels.cuda import launch as pdl  # noqa: E402
+from strata.kernels.cuda import experts as gx  # noqa: E402
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
 from strata.kernels.ggml_types import type_by_name  # noqa: E402
 from strata.kernels.random_blocks import random_blocks  # noqa: E402
@@ -38,7 +39,9 @@ def _chain_setup(rng, ncols):
         norm = cp.asarray(rng.uniform(0.5, 1.5, DIM).astype(np.float32))
         layers.append((t.id, cp.asarray(random_blocks(t.id, DIM, DIM, rng)), norm))
     experts_t = type_by_name("IQ3_S")
-    experts = cp.asarray(np.stack([random_blocks(experts_t.id, EXPERT_ROWS, DIM, rng) for _ in range(N_EXPERT)]))
+    # the experts' address table is made here, never during the capture
+    experts = gx.resident_matrices(cp.asarray(np.stack([random_blocks(experts_t.id, EXPERT_ROWS, DIM, rng)
+                                                        for _ in range(N_EXPERT)])))
     x0 = cp.asarray(rng.standard_normal((ncols, DIM)).astype(np.float32))
     return layers, (experts_t.id, experts), x0
 
@@ -62,10 +65,10 @@ def _run_chain(layers, experts, x0, bufs):
     # ids from the last x: written by an ordinary kernel, read by the experts' launch
     _ids_kernel()(x[:, :N_USED], ids)
     eid, ew = experts
-    gpu.mmvq_experts(eid, ew, ids, x, out=eout, q8=q8s[-1])
+    gx.mmvq_experts(eid, ew, ids, x, out=eout, q8=q8s[-1])
     # and the gate / up pair kernel (the compiler once hoisted its id load above the wait)
     _ids_kernel()(eout[:, 0, :N_USED], ids)
-    g, u = gpu.mmvq_experts_pair(eid, ew, eid, ew, ids, q8s[-1])
+    g, u = gx.mmvq_experts_pair(eid, ew, eid, ew, ids, q8s[-1])
     return outs + made + [g, u], ids, eout
 
 

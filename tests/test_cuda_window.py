@@ -63,7 +63,7 @@ def test_add_rms_norm_q8_bit_exact(rows, n, add):
     w = cp.asarray(rng.standard_normal(n).astype(np.float32))
     poison(6 * x.nbytes)
     xo, h = FUSED.add_rms_norm(x, y, w, 1e-5)
-    q8 = FUSED._memo(h)
+    q8 = FUSED.win.q8_of(h)
     xr, hr = GENERIC.add_rms_norm(x, y, w, 1e-5)
     assert same(xo, xr)
     assert rel(h, hr) < 1e-6  # the sum of squares in another order: float rounding
@@ -76,16 +76,16 @@ def test_add_rms_norm_q8_bit_exact(rows, n, add):
 def test_add_rms_norm_past_the_register_rows_takes_the_generic_path():
     """Rows longer than the kernel holds in registers: the kernel wrapper declines (None) and
     the backend computes the generic add + norm (no Q8_1 memo)."""
-    n = FUSED._fk.ADD_NORM_MAX_N + 32
+    n = FUSED.fk.ADD_NORM_MAX_N + 32
     rng = rng_of("arn-long")
     x = cp.asarray(rng.standard_normal((1, n)).astype(np.float32))
     y = cp.asarray(rng.standard_normal((1, n)).astype(np.float32))
     w = cp.asarray(rng.standard_normal(n).astype(np.float32))
-    assert FUSED._fk.add_rms_norm_q8(x, y, w, 1e-5) is None
+    assert FUSED.fk.add_rms_norm_q8(x, y, w, 1e-5) is None
     xo, h = FUSED.add_rms_norm(x, y, w, 1e-5)
     xr, hr = GENERIC.add_rms_norm(x, y, w, 1e-5)
     # (the backend's generic add + norm runs its fused rms_norm kernel: another summation order)
-    assert same(xo, xr) and rel(h, hr) < 1e-6 and FUSED._memo(h) is None
+    assert same(xo, xr) and rel(h, hr) < 1e-6 and FUSED.win.q8_of(h) is None
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1536), (5, 64)])
@@ -94,7 +94,7 @@ def test_swiglu_q8_bit_exact(rows, cols):
     gu = cp.asarray(rng.standard_normal((rows, 2 * cols)).astype(np.float32) * 3)
     poison(4 * gu.nbytes)
     y = FUSED.swiglu(gu[:, :cols], gu[:, cols:])
-    q8 = FUSED._memo(y)
+    q8 = FUSED.win.q8_of(y)
     assert same(y, GENERIC.swiglu(gu[:, :cols], gu[:, cols:]))
     ref = mmvq.quantize_q8_1(y)
     assert q8 is not None and same(q8.q, ref.q) and same(q8.meta, ref.meta)
@@ -156,7 +156,7 @@ def test_attend_matches_generic(kind, H, n_kv, d, history, counts, neox, qk_norm
             FUSED.gqa_min_tokens, FUSED.gqa_min_heads = saved
 
     for splits in (1, 2, 16):
-        FUSED.splits = splits
+        FUSED.win.splits = splits
         poison(8 * ref.nbytes)
         by_group = attend_fused(True)
         poison(8 * ref.nbytes)
@@ -165,14 +165,14 @@ def test_attend_matches_generic(kind, H, n_kv, d, history, counts, neox, qk_norm
         # last bits before attention (measured up to 2.6e-6 on the H200)
         assert rel(got, ref) < (1e-5 if qk_norm else 2e-6), f"splits {splits}"
         assert same(got, by_group), f"splits {splits}: several heads per block differ from one head per block"
-        q8, q8_ref = FUSED._memo(got), mmvq.quantize_q8_1(got)  # the output's Q8_1 blocks, made alongside
+        q8, q8_ref = FUSED.win.q8_of(got), mmvq.quantize_q8_1(got)  # the output's Q8_1 blocks, made alongside
         assert q8 is not None and same(q8.q, q8_ref.q) and same(q8.meta, q8_ref.meta), f"splits {splits}"
         if splits > 1:  # the last split block merges (counters) as the separate merge launch does
-            counters, FUSED._att_counters = FUSED._att_counters, None
+            counters, FUSED.att_counters = FUSED.att_counters, None
             try:
                 merged_apart = FUSED.attend(1, q, k, v, spans_f, pos_f, rope, *norms)
             finally:
-                FUSED._att_counters = counters
+                FUSED.att_counters = counters
             assert same(got, merged_apart), f"splits {splits}"
             assert not cp.any(counters), "attention_kv leaves its merge counters zeroed"
     if qk_norm:

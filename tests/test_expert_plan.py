@@ -1,4 +1,4 @@
-"""The grouped-experts plan (strata.kernels.cuda.mmvq.expert_plan) built with numpy, so CI (no
+"""The grouped-experts plan (strata.kernels.cuda.experts.expert_plan) built with numpy, so CI (no
 GPU) checks the tiling. On the GPU one kernel builds it (expert_plan_build); tests/test_cuda_mmvq.py
 checks that kernel against this host plan, and the grouped kernel that runs on it."""
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.kernels.cuda import mmvq
+from strata.kernels.cuda import experts
 from tests.support.plans import GROUP_COLS, assert_plan_covers
 
 
 def test_group_cols_match():
-    assert mmvq.GROUP_COLS == GROUP_COLS
+    assert experts.GROUP_COLS == GROUP_COLS
 
 
-@pytest.mark.parametrize("cols", [GROUP_COLS, mmvq.MMQ_COLS])
+@pytest.mark.parametrize("cols", [GROUP_COLS, experts.MMQ_COLS])
 @pytest.mark.parametrize("n,n_used,n_expert", [(200, 4, 16), (1, 8, 128), (512, 8, 128), (37, 2, 3)])
 def test_plan_tiles_cover_every_pair_once(n, n_used, n_expert, cols):
     rng = np.random.default_rng(n * n_expert)
@@ -25,7 +25,7 @@ def test_plan_tiles_cover_every_pair_once(n, n_used, n_expert, cols):
     ids.reshape(-1)[:: max(1, ids.size // 3)] = -1  # bad ids: their own bucket (NaN rows on the GPU)
     if ids.size > 1:
         ids.reshape(-1)[1] = n_expert + 7
-    plan = mmvq.expert_plan(ids, n_expert, xp=np, cols=cols)
+    plan = experts.expert_plan(ids, n_expert, xp=np, cols=cols)
     assert plan.pairs == n * n_used and plan.n_used == n_used and plan.cols == cols
     assert_plan_covers(ids, n_expert, plan.order, plan.tiles, int(plan.n_tiles[0]), plan.max_tiles, cols)
     # a pair's sorted position keeps pair order within its expert (the sort is stable)
@@ -36,4 +36,4 @@ def test_plan_tiles_cover_every_pair_once(n, n_used, n_expert, cols):
 
 def test_plan_rejects_flat_ids():
     with pytest.raises(ValueError, match="expert_ids must be"):
-        mmvq.expert_plan(np.zeros(5, np.int32), 4, xp=np)
+        experts.expert_plan(np.zeros(5, np.int32), 4, xp=np)

@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from strata.engine.options import EngineOptions
 from strata.kernels.ggml_types import BY_NAME
 from strata.kernels.native_table import cpu_table
 from strata.kernels.probe import CANNOT_RUN, GENERIC, NATIVE, role_of, run_probe
@@ -54,10 +53,11 @@ def mtp_draft():
     }
 
 
-def opts(**kw):
-    base = dict(parallel=4, spec=3, batch_mtp=True, mtp="draft.gguf")
+def flags(**kw):
+    """The engine flags the probe takes (--parallel, --spec, --batch-mtp), as plain values."""
+    base = dict(parallel=4, spec=3, batch_mtp=True)
     base.update(kw)
-    return EngineOptions(**base)
+    return base
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_roles():
 
 
 def test_full_table_batch_mtp_on(table):
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(), "cpu", table)
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table, **flags())
     assert rep.can_run
     assert [s.batch_mtp for s in rep.slots] == [True] * 4
     assert all(rep.fallback_reason_code(i) is None for i in range(4))
@@ -89,7 +89,7 @@ def test_full_table_batch_mtp_on(table):
 
 
 def test_without_q2_0_batch_mtp_off_one_line(table):
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(), "cpu", table.without({"Q2_0"}))
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table.without({"Q2_0"}), **flags())
     assert rep.can_run  # generic path still decodes
     assert [s.batch_mtp for s in rep.slots] == [False] * 4
     assert {rep.fallback_reason_code(i) for i in range(4)} == {"no_native_kernel"}
@@ -110,7 +110,7 @@ def test_without_q2_0_batch_mtp_off_one_line(table):
 
 
 def test_several_groups_listed_compactly(table):
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(), "cpu", table.without({"Q2_0", "IQ4_NL", "Q8_0"}))
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table.without({"Q2_0", "IQ4_NL", "Q8_0"}), **flags())
     line = rep.startup_lines()[0]
     assert "blk.*.ffn_down_exps are Q2_0" in line and "blk.*.ffn_down_exps are IQ4_NL" in line
     assert "mtp.eh_proj is Q8_0" in line and "mtp.blk.ffn_down is Q8_0" in line
@@ -120,7 +120,7 @@ def test_several_groups_listed_compactly(table):
 def test_draft_path_blocks_on_shared_output_head(table):
     tensors = seed_moe_tensors()
     tensors["output.weight"] = (T("MXFP4"), (N_EMBD, N_VOCAB))
-    rep = run_probe(tensors, mtp_draft(), opts(), "cpu", table.without({"MXFP4"}))
+    rep = run_probe(tensors, mtp_draft(), "cpu", table.without({"MXFP4"}), **flags())
     assert rep.slots[0].reason_code == "no_native_kernel"
     assert rep.slots[0].tensors == ["output.weight"]
     out = next(t for t in rep.tensors if t.name == "output.weight")
@@ -133,16 +133,16 @@ def test_draft_path_blocks_on_shared_output_head(table):
     ({}, dict(n_gpus=2), "multi_gpu"),
 ])
 def test_reasons_for_all_slots(table, kw, probe_kw, code):
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(**kw), "cpu", table, **probe_kw)
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table, **flags(**kw), **probe_kw)
     assert all(not s.batch_mtp and s.reason_code == code for s in rep.slots)
-    assert len(rep.slots) == opts(**kw).parallel
+    assert len(rep.slots) == flags(**kw)["parallel"]
     lines = rep.startup_lines()
     assert len(lines) == 1 and "batch-MTP off for slot" in lines[0]
     assert rep.slots[0].reason in lines[0]
 
 
 def test_no_draft_tensors_means_no_draft(table):
-    rep = run_probe(seed_moe_tensors(), None, opts(mtp=None), "cpu", table)
+    rep = run_probe(seed_moe_tensors(), None, "cpu", table, **flags())
     assert {s.reason_code for s in rep.slots} == {"no_draft"}
     assert not any("draft" in t.paths for t in rep.tensors)
 
@@ -150,7 +150,7 @@ def test_no_draft_tensors_means_no_draft(table):
 def test_nextn_tensors_in_the_pack_are_the_draft(table):
     tensors = seed_moe_tensors()
     tensors[f"blk.{N_LAYER}.nextn.eh_proj.weight"] = (T("Q8_0"), (2 * N_EMBD, N_EMBD))
-    rep = run_probe(tensors, None, opts(mtp=None), "cpu", table)
+    rep = run_probe(tensors, None, "cpu", table, **flags())
     assert all(s.batch_mtp for s in rep.slots)
     nextn = next(t for t in rep.tensors if "nextn" in t.name)
     assert nextn.draft and set(nextn.paths) == {"draft"}
@@ -161,14 +161,14 @@ def test_whole_nextn_layer_is_draft_only(table):
     n = N_LAYER
     tensors[f"blk.{n}.nextn.eh_proj.weight"] = (T("Q8_0"), (2 * N_EMBD, N_EMBD))
     tensors[f"blk.{n}.attn_q.weight"] = (T("IQ2_XXS"), (N_EMBD, N_EMBD))
-    rep = run_probe(tensors, None, opts(mtp=None), "cpu", table.without({"IQ2_XXS"}))
+    rep = run_probe(tensors, None, "cpu", table.without({"IQ2_XXS"}), **flags())
     q = next(t for t in rep.tensors if t.name == f"blk.{n}.attn_q.weight")
     assert q.draft and set(q.paths) == {"draft"}  # not on the main model's decode path
     assert rep.slots[0].reason_code == "no_native_kernel" and rep.slots[0].tensors == [q.name]
 
 
 def test_room_runs_out_after_three_slots(table):
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(), "cpu", table,
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table, **flags(),
                     mtp_state_bytes_per_slot=100 << 20, free_bytes=350 << 20)
     assert [s.batch_mtp for s in rep.slots] == [True, True, True, False]
     assert rep.fallback_reason_codes == {0: None, 1: None, 2: None, 3: "no_room"}
@@ -181,7 +181,7 @@ def test_room_runs_out_after_three_slots(table):
 
 
 def test_room_enough_for_all(table):
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(), "cpu", table,
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table, **flags(),
                     mtp_state_bytes_per_slot=100, free_bytes=400)
     assert all(s.batch_mtp for s in rep.slots)
 
@@ -189,7 +189,7 @@ def test_room_enough_for_all(table):
 def test_unknown_type_cannot_run(table):
     tensors = seed_moe_tensors()
     tensors["blk.3.attn_q.weight"] = (99, (N_EMBD, N_EMBD))
-    rep = run_probe(tensors, mtp_draft(), opts(), "cpu", table)
+    rep = run_probe(tensors, mtp_draft(), "cpu", table, **flags())
     assert rep.can_run is False
     bad = next(t for t in rep.tensors if t.name == "blk.3.attn_q.weight")
     assert bad.paths["decode"].status == CANNOT_RUN and "99" in bad.paths["decode"].why
@@ -200,7 +200,7 @@ def test_unknown_type_cannot_run(table):
 def test_generic_only_types_still_run(table):
     tensors = seed_moe_tensors()
     tensors["blk.0.attn_v.weight"] = (T("Q8_1"), (N_EMBD, 64))  # no native kernel anywhere
-    rep = run_probe(tensors, mtp_draft(), opts(batch_mtp=False), "cpu", table)
+    rep = run_probe(tensors, mtp_draft(), "cpu", table, **flags(batch_mtp=False))
     assert rep.can_run
     v = next(t for t in rep.tensors if t.name == "blk.0.attn_v.weight")
     assert v.paths["decode"].status == GENERIC
@@ -211,7 +211,7 @@ def test_generic_only_types_still_run(table):
 def test_json_round_trip(table):
     import json
 
-    rep = run_probe(seed_moe_tensors(), mtp_draft(), opts(), "cpu", table.without({"Q2_0"}))
+    rep = run_probe(seed_moe_tensors(), mtp_draft(), "cpu", table.without({"Q2_0"}), **flags())
     data = json.loads(json.dumps(rep.to_json()))
     assert data["can_run"] is True and data["backend"] == "cpu"
     assert [s["reason_code"] for s in data["slots"]] == ["no_native_kernel"] * 4
@@ -229,13 +229,13 @@ def test_float_matrices_never_block_and_unbuilt_backend_is_named():
                "blk.0.attn_q.weight": (T("Q4_K"), (N_EMBD, N_EMBD)),
                "output.weight": (T("F16"), (N_EMBD, N_VOCAB))}
     draft = {"mtp.eh_proj.weight": (T("BF16"), (2 * N_EMBD, N_EMBD))}
-    rep = run_probe(tensors, draft, opts(), "cuda", table)
+    rep = run_probe(tensors, draft, "cuda", table, **flags())
     assert all(s.batch_mtp for s in rep.slots)
     router = next(t for t in rep.tensors if t.role == "blk.*.ffn_gate_inp")
     assert router.paths["verify"].status == NATIVE and router.paths["verify"].why == "float matmul"
 
     empty = NativeTable()
     empty.unavailable["cuda"] = "not built: no CUDA device"
-    rep = run_probe(tensors, draft, opts(), "cuda", empty)
+    rep = run_probe(tensors, draft, "cuda", empty, **flags())
     assert rep.slots[0].tensors == ["blk.0.attn_q.weight"]
     assert "cuda kernels not built: no CUDA device" in rep.startup_lines()[0]

@@ -8,7 +8,8 @@ import pytest
 from strata.errors import StrataError
 from strata.kernels.ggml_types import ALL_TYPES, BY_NAME
 from strata.kernels.mmvq_numpy import MIRRORED_TYPES, mmvq
-from strata.kernels.native_table import DEFAULT_MAX_COLS, NativeTable, add_cuda_rows, cpu_table
+from strata.backend.kernel_table import add_cuda_rows
+from strata.kernels.native_table import DEFAULT_MAX_COLS, NativeTable, cpu_table
 from strata.kernels.random_blocks import random_blocks
 
 GENERIC_ONLY = {"Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"}

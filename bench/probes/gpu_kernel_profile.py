@@ -51,18 +51,18 @@ class Recorder:
 
 
 def install(rec: Recorder) -> None:
-    from strata.kernels.cuda import fused, mmvq
+    from strata.kernels.cuda import experts, fused, mmvq_build
 
-    fused_fn, mmvq_fn, quant_fn, pair_fn = fused._fn, mmvq._function, mmvq._quant_kernel, mmvq._pair_function
+    fused_fn, mmvq_fn, quant_fn, pair_fn = fused._fn, mmvq_build.function, mmvq_build.quant_kernel, experts.pair_function
     fused._fn = lambda name: rec.wrap(fused_fn(name), name)
-    mmvq._function = lambda tid, name: rec.wrap(mmvq_fn(tid, name), name)
-    mmvq._quant_kernel = lambda: rec.wrap(quant_fn(), "quantize_q8_1")
-    mmvq._pair_function = lambda a, b, aligned=False: rec.wrap(pair_fn(a, b, aligned), f"mmvq_ids_pair<{a}, {b}>")
+    mmvq_build.function = lambda tid, name: rec.wrap(mmvq_fn(tid, name), name)
+    mmvq_build.quant_kernel = lambda: rec.wrap(quant_fn(), "quantize_q8_1")
+    experts.pair_function = lambda a, b, aligned=False: rec.wrap(pair_fn(a, b, aligned), f"mmvq_ids_pair<{a}, {b}>")
 
 
 def relaunch(fn, grid, block, args, kw) -> None:
     """One recorded launch again, as the engine makes it: with PDL while a graph is captured
-    (mmvq.py's compiled functions through strata.kernels.cuda.launch; fused.py's launchers
+    (mmvq_build's compiled functions through strata.kernels.cuda.launch; fused.py's launchers
     take that path themselves)."""
     from strata.kernels.cuda import launch
 

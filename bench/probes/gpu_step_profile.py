@@ -126,8 +126,10 @@ def op_profile(m, tok, cache, steps, width: int = 1, long_prompt: bool = False):
              "embed")
     originals = {n: wrap(n) for n in names}
     kernels = ("rope_kv_write", "attention_kv")  # attend's two launches, apart
-    fk_originals = {n: wrap(n, b._fk) for n in kernels}
-    fa_original = wrap("attention_prefill", b._fa) if hasattr(b, "_fa") else None
+    from strata.kernels.cuda import attention_prefill
+
+    fk_originals = {n: wrap(n, b.fk) for n in kernels}
+    fa_original = wrap("attention_prefill", attention_prefill)
     per = collections.defaultdict(list)
     nbytes = {}
     calls = collections.Counter()
@@ -153,9 +155,8 @@ def op_profile(m, tok, cache, steps, width: int = 1, long_prompt: bool = False):
     for n, f in originals.items():
         setattr(b, n, f)
     for n, f in fk_originals.items():
-        setattr(b._fk, n, f)
-    if fa_original is not None:
-        b._fa.attention_prefill = fa_original
+        setattr(b.fk, n, f)
+    attention_prefill.attention_prefill = fa_original
     b.graphs = saved_graphs
     total = sum(statistics.median(v) for v in per.values())
     print()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import strata.batch.scheduler as scheduler_mod  # noqa: E402
+import strata.batch.runner as runner_mod  # noqa: E402
 from strata.mtp.defaults import default_draft_path  # noqa: E402
 from strata.mtp.train.measure import chat_ids, load_core, run_prompts  # noqa: E402
 from strata.mtp.train.prompts import HELD_OUT  # noqa: E402
@@ -79,14 +79,14 @@ def main() -> int:
                     walls[key].append((time.perf_counter() - t) * 1e6)
             return f
 
-        step, fwd, fused = sched.step, sched.model.forward, scheduler_mod.forward_with_next_drafts
+        step, fwd, fused = sched.step, sched.model.forward, runner_mod.forward_with_next_drafts
         sched.step = clocked("scheduler step", step)
         sched.model.forward = clocked("model.forward", fwd)
-        scheduler_mod.forward_with_next_drafts = clocked("forward_with_next_drafts", fused)
+        runner_mod.forward_with_next_drafts = clocked("forward_with_next_drafts", fused)
         graphs.run_fn = run_fn
         r = run_prompts(core, prompts, a.max_tokens, concurrent=n)
         graphs.run_fn = orig
-        sched.step, sched.model.forward, scheduler_mod.forward_with_next_drafts = step, fwd, fused
+        sched.step, sched.model.forward, runner_mod.forward_with_next_drafts = step, fwd, fused
         print(f"== {name}, {n} at a time: {r.tokens} tokens, {r.decode_windows} decode windows, {r.tokens / r.seconds:.0f} tok/s, "
               f"{r.seconds / max(1, len(walls['scheduler step'])) * 1e6:.0f} us wall per step")
         print("| graph / call | calls | us per call (mean) | min |")

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import cupy as cp  # noqa: E402
 
 from strata.kernels.cuda import mmvq as gpu  # noqa: E402
+from strata.kernels.cuda import mmvq_build  # noqa: E402
 from strata.kernels.ggml_types import type_by_id, type_by_name  # noqa: E402
 from strata.kernels.random_blocks import random_blocks  # noqa: E402
 
@@ -40,7 +41,7 @@ def main(argv):
         cp.cuda.get_current_stream().synchronize()
         (ln,) = gpu.column_launches(tid, rows, 1, aligned=gpu.rows_aligned(w, type_by_id(tid).row_bytes(k)), k=k)
         print(name, ln.name, "rows_per_warp", ln.rpw, "grid", ln.grid, "block", ln.block, "dynamic smem", ln.smem,
-              "regs", gpu._function(tid, ln.name).num_regs)
+              "regs", mmvq_build.function(tid, ln.name).num_regs)
 
 
 if __name__ == "__main__":

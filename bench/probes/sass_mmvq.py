@@ -2,7 +2,7 @@
 
     python3 bench/probes/sass_mmvq.py --out DIR 'mmvq<42, 1>' 'mmvq<21, 1>'
 
-Compiles Strata's MMVQ source with nvcc (-cubin, the NVRTC options mmvq.py uses) for the GPU
+Compiles Strata's MMVQ source with nvcc (-cubin, the NVRTC options mmvq_build uses) for the GPU
 present, with the named instances instantiated explicitly, and writes DIR/<name>.sass plus a
 table of opcode counts (static counts of the kernel body: where a loop's instructions sit is
 for the reader of the .sass). Needs nvcc and cuobjdump (the device machine has both).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from strata.kernels.cuda import mmvq  # noqa: E402
+from strata.kernels.cuda import mmvq_build  # noqa: E402
 
 SIGNATURE = "(const u8*, int, int, int, int, const i8*, const QMeta*, float*)"
 
@@ -39,12 +39,12 @@ def main(argv=None) -> int:
         import cupy
 
         arch = "sm_" + cupy.cuda.Device().compute_capability
-    src = mmvq._source() + "".join(f"\ntemplate __global__ void {n}{SIGNATURE};" for n in a.names)
+    src = mmvq_build.source() + "".join(f"\ntemplate __global__ void {n}{SIGNATURE};" for n in a.names)
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / "mmvq.cu"
         cu.write_text(src)
         cubin = Path(tmp) / "mmvq.cubin"
-        opts = [o for o in mmvq._OPTIONS] + [f"-D{d}" for d in a.D]
+        opts = [o for o in mmvq_build.OPTIONS] + [f"-D{d}" for d in a.D]
         subprocess.run(["nvcc", "-cubin", f"-arch={arch}", *opts, "-o", str(cubin), str(cu)], check=True)
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
     # split per function

@@ -31,7 +31,7 @@ Their prompt rows read where the prompt starts and which cache it fills from the
 (attention_prefill_window), so a full chunk's graph serves every long prompt of any slot. A
 window whose warm-up needed something a graph cannot hold (cuBLAS without Strata's handle for
 a long prompt's GEMM rows, an experts' plan by CuPy's sort, a host upload:
-CudaBackend.capture_blockers) keeps that shape eager, silently: that is the path it always took.
+cuda_window.Capture.blockers) keeps that shape eager, silently: that is the path it always took.
 
 STRATA_CUDA_GRAPHS=0 turns graphs off (every window eager).
 """
@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from strata.backend.cuda_window import Capture, TableFeed
 
 GRAPHS_ENV = "STRATA_CUDA_GRAPHS"
 # Windows of up to this many tokens are graphed at first sight: decode and MTP verification
@@ -125,7 +127,7 @@ class WindowGraphs:
         sizes."""
         n = sum(int(sp.count) for sp in spans)
         limit = max(MAX_GRAPH_TOKENS, self.wide_tokens) if wide else MAX_GRAPH_TOKENS
-        return 0 < n <= limit and self.b._cuda_caches(spans)
+        return 0 < n <= limit and self.b.caches_on_device(spans)
 
     def run(self, model: Any, tokens: Any, spans: Sequence[Any], logit_rows: Any = None) -> Any:
         """The main model's window as Transformer.forward returns it: final-normed hidden
@@ -226,16 +228,15 @@ class WindowGraphs:
                 off += v.size
             else:
                 static[k] = cp.array(v)
-        b._win_static, b._win_next, b.capturing = (win, parts), 0, True
-        b.capture_blockers = set()
+        b.capture = Capture(active=True, feed=TableFeed(win, parts))
         try:
             with cp.cuda.using_allocator(self.pool.malloc):
                 warm = window(static)  # the real result, and the pool's blocks
             outs = tuple(o.copy() for o in warm)  # outside the pool: the caller keeps them
             del warm
-            b._q8_memo = b._plan_memo = None  # would pin pool blocks the capture expects free
-            if b.capture_blockers:  # this shape takes a path no graph holds: it stays eager
-                self.kept_eager.append((sum(int(sp.count) for sp in spans), tuple(sorted(b.capture_blockers))))
+            b.win.drop_shared()  # would pin pool blocks the capture expects free
+            if b.capture.blockers:  # this shape takes a path no graph holds: it stays eager
+                self.kept_eager.append((sum(int(sp.count) for sp in spans), tuple(sorted(b.capture.blockers))))
                 return None, outs
             # no garbage collection inside the capture: collecting an earlier backend's graphs or
             # memory pool frees device memory (cudaFree), which invalidates a capture (the likely
@@ -243,7 +244,7 @@ class WindowGraphs:
             collecting = gc.isenabled()
             gc.disable()
             try:
-                b._win_next = 0
+                b.capture.feed.next = 0
                 with cp.cuda.using_allocator(self.pool.malloc):
                     self._begin_capture()
                     try:
@@ -258,11 +259,11 @@ class WindowGraphs:
                 sys.stderr.write(line + "\n")
                 return None, outs
             finally:
-                b._q8_memo = b._plan_memo = None
+                b.win.drop_shared()
                 if collecting:
                     gc.enable()
         finally:
-            b._win_static, b.capturing = None, False
+            b.capture = Capture()
         return _Graph(graph, static, gouts, packed, names), outs
 
     def _begin_capture(self) -> None:
@@ -271,8 +272,8 @@ class WindowGraphs:
     def _eager(self, window, inputs: dict[str, Any], table: Any, parts: list) -> tuple[Any, ...]:
         """A window of a shape that could not be captured: the same calls, launched one by one."""
         cp, b = self.b.xp, self.b
-        b._win_static, b._win_next = (cp.asarray(table), parts), 0
+        b.capture.feed = TableFeed(cp.asarray(table), parts)
         try:
             return tuple(window({k: cp.asarray(v) for k, v in inputs.items()}))
         finally:
-            b._win_static = None
+            b.capture.feed = None

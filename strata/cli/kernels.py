@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from strata.kernels.native_table import add_cuda_rows, cpu_table
+from strata.backend.kernel_table import add_cuda_rows
+from strata.kernels.native_table import cpu_table
 
 BACKENDS = ("cpu", "cuda")
 

@@ -19,9 +19,9 @@ import json
 import math
 import os
 
+from strata.backend.kernel_table import resolve_backend, table_for_backend
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.options import EngineOptions, add_engine_arguments
-from strata.kernels.native_table import resolve_backend, table_for_backend
 from strata.kernels.probe import run_probe, tensor_map
 
 
@@ -59,11 +59,11 @@ def _free_host_bytes() -> int | None:
 def checkpoint_plan(pack, opts: EngineOptions, backend: str) -> CheckpointPlan | None:
     """The engine's decision of rollback copies (EngineCore._plan_checkpoints), without loading:
     None for a model without a recurrent state."""
-    from strata.model.hybrid.config import HYBRID_ARCHS
+    from strata.model.archs import HYBRID_ARCHS
 
     if pack.metadata.get("general.architecture") not in HYBRID_ARCHS:
         return None
-    from strata.model.hybrid.model import REPLAY_TOKENS, recurrent_shape
+    from strata.model.recurrent_state import REPLAY_TOKENS, recurrent_shape
     from strata.model.recurrent_state import HybridCache
 
     shape = recurrent_shape(pack.model_config())
@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     pack, draft, opts = open_model(opts, backend)
     try:
         checkpoints = checkpoint_plan(pack, opts, backend)
-        rep = run_probe(tensor_map(pack.tensors), tensor_map(draft.tensors) if draft else None, opts,
-                        backend, table, free_bytes=_free_device_bytes(backend),
+        rep = run_probe(tensor_map(pack.tensors), tensor_map(draft.tensors) if draft else None, backend, table,
+                        parallel=opts.parallel, spec=opts.spec, batch_mtp=opts.batch_mtp, free_bytes=_free_device_bytes(backend),
                         checkpoints=checkpoints.count if checkpoints else None)
     finally:
         pack.close()

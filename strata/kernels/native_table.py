@@ -5,9 +5,10 @@ launch takes (1..max_cols, like llama.cpp's MMVQ_MAX_BATCH_SIZE = 8) and the imp
 A type with no row on a backend goes through the generic path there: dequantize, then matmul.
 
 Backends fill the same table: the "cpu" rows are the numpy mirrors of strata.kernels.mmvq_numpy
-(registered by `cpu_table()`); the CUDA module registers its own rows with
-`strata.kernels.cuda.register_native(table)` (see `table_for_backend`). The capability probe
-reads the table; the diagnostic flag `--no-native TYPES` removes rows with `without()`.
+(registered by `cpu_table()`); the CUDA kernels register their own rows with
+`strata.kernels.cuda.register_native(table)`, which strata.backend.kernel_table calls where the
+machine has a usable GPU. The capability probe reads the table; the diagnostic flag
+`--no-native TYPES` removes rows with `without()`.
 """
 
 from __future__ import annotations
@@ -123,58 +124,3 @@ def cpu_table() -> NativeTable:
         table.register("cpu", type_id, DEFAULT_MAX_COLS, functools.partial(mmvq_numpy.mmvq, type_id),
                        "strata.kernels.mmvq_numpy")
     return table
-
-
-def add_cuda_rows(table: NativeTable) -> bool:
-    """Let the CUDA module register its rows; record why not when CuPy or a GPU is absent.
-
-    The CUDA module is optional (written separately, needs CuPy): any failure to import or
-    to find a device marks the backend "not built" instead of failing.
-    """
-    from strata.backend.select import cuda_problem
-
-    problem = cuda_problem()  # no CuPy, no device, or a GPU the kernels cannot run on (< sm_80)
-    if problem is not None:
-        table.unavailable["cuda"] = f"not built: {problem.why}"
-        return False
-    try:
-        from strata.kernels import cuda as cuda_kernels
-
-        register = getattr(cuda_kernels, "register_native", None)
-        if register is None:
-            table.unavailable["cuda"] = "not built: strata.kernels.cuda has no register_native()"
-            return False
-        register(table)
-    except Exception as e:
-        table.unavailable["cuda"] = f"not built: {type(e).__name__}: {e}".splitlines()[0]
-        return False
-    return True
-
-
-def cuda_available() -> bool:
-    """True when the CUDA backend can run on this GPU (strata.backend.select.cuda_problem) and
-    strata.kernels.cuda imports."""
-    from strata.backend.select import cuda_problem
-
-    if cuda_problem() is not None:
-        return False
-    try:
-        import strata.kernels.cuda  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def resolve_backend(device: str) -> str:
-    """--device auto|cpu|cuda -> the backend name the table and probe use."""
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    return device
-
-
-def table_for_backend(backend: str, no_native: Iterable[str] = ()) -> NativeTable:
-    """The table an engine on `backend` uses: cpu rows always (host fallback), cuda rows on cuda."""
-    table = cpu_table()
-    if backend == "cuda":
-        add_cuda_rows(table)
-    return table.without(set(no_native)) if no_native else table

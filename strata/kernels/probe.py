@@ -296,10 +296,9 @@ class ProbeReport:
 
 
 def _tensor_reports(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] | None,
-                    opts, backend: str, table: NativeTable,
+                    parallel: int, spec: int, backend: str, table: NativeTable,
                     dequantizable: Callable[[int], bool]) -> list[TensorReport]:
-    parallel = max(1, int(opts.parallel))
-    verify_cols = parallel * (max(0, int(opts.spec)) + 1)
+    verify_cols = parallel * (spec + 1)
     draft_names = set(draft_tensors or ()) | draft_names_in(tensors)
     model = {n: v for n, v in tensors.items() if n not in draft_names}
     draft = {n: v for n, v in tensors.items() if n in draft_names}
@@ -321,24 +320,26 @@ def _tensor_reports(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tu
     return out
 
 
-def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] | None, opts,
-              backend: str, table: NativeTable, *, n_gpus: int = 1, mtp_state_bytes_per_slot: int = 0,
+def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] | None,
+              backend: str, table: NativeTable, *, parallel: int, spec: int, batch_mtp: bool,
+              n_gpus: int = 1, mtp_state_bytes_per_slot: int = 0,
               free_bytes: int | None = None, checkpoints: int | None = None,
               dequantizable: Callable[[int], bool] | None = None) -> ProbeReport:
     """Check every tensor (name -> (ggml type id, shape)) against the table; decide batch-MTP per slot.
 
-    opts: anything with .parallel, .spec, .batch_mtp (EngineOptions). The draft exists when it
+    parallel, spec, batch_mtp: the engine's --parallel, --spec and --batch-mtp, as plain values
+    (this floor knows no options object). The draft exists when it
     has tensors (draft_tensors, or nextn tensors among `tensors`) and --spec > 0. checkpoints: a
     hybrid model's slots [0, checkpoints) keep a rollback copy of their recurrent state
     (strata/engine/checkpoints.py; None: every slot); the others never draft, with or without
     --batch-mtp, which their reason (no_checkpoint) says wherever a draft could run.
     """
     deq = dequantizable or _default_dequantizable
-    reports = _tensor_reports(tensors, draft_tensors, opts, backend, table, deq)
-    parallel = max(1, int(opts.parallel))
-    spec = max(0, int(opts.spec))
+    parallel = max(1, int(parallel))
+    spec = max(0, int(spec))
+    reports = _tensor_reports(tensors, draft_tensors, parallel, spec, backend, table, deq)
     has_draft = spec > 0 and any(r.draft for r in reports)
-    rep = ProbeReport(backend, parallel, spec, bool(opts.batch_mtp), reports, [])
+    rep = ProbeReport(backend, parallel, spec, bool(batch_mtp), reports, [])
 
     def all_slots(code: str, tensors_: list[str] = (), **fmt) -> list[SlotCapability]:
         why = REASONS[code].format(**fmt)
@@ -349,7 +350,7 @@ def run_probe(tensors: Mapping[str, tuple], draft_tensors: Mapping[str, tuple] |
     blockers = list({id(r): r for r in blockers}.values())  # a tensor on both paths counts once
     if not rep.can_run:
         rep.slots = all_slots("cannot_run", backend=backend)
-    elif not opts.batch_mtp:
+    elif not batch_mtp:
         rep.slots = all_slots("not_requested")
     elif not has_draft:  # (before single_slot: that one's line says the slot drafts)
         rep.slots = all_slots("no_draft")

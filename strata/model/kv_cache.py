@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from strata.errors import StrataError
+from strata.model.state import Snapshot, StateLost
 
 
 class KVCache:
@@ -23,12 +24,14 @@ class KVCache:
         self.n_layer, self.n_kv, self.d = n_layer, n_kv, head_dim
         self.max_ctx = max_ctx
         self.kind = kind
-        self.length = 0  # positions [0, length) are valid in every layer
+        self._length = 0  # positions [0, length) are valid in every layer
+        self._cuts = 0  # times the length went down: positions kept by a snapshot may be rewritten since
         self._cap = 0
         # bumped whenever arrays are replaced, so that whoever keeps their addresses (the CUDA
         # backend's cache table) rebuilds them: a growth, also one rolled back after running out
         # of memory half way (its capacity is the old one, but some arrays moved twice)
         self.generation = 0
+        self._device_table: tuple[int, Any] | None = None  # (generation, device_table()) once asked
         self._k: list[Any] = []
         self._v: list[Any] = []
         self._ks: list[Any] = []
@@ -101,7 +104,30 @@ class KVCache:
         """What one more position costs this cache (every layer, k and v, scales, CPU copies)."""
         return self.nbytes // max(1, self._cap)
 
+    def device_table(self) -> Any:
+        """The cache's table for the GPU kernels (strata/kernels/cuda/fused.cu): its capacity, then
+        per layer the addresses of k, v and the int8 scales (0, 0 for f16), int64 on the device.
+        Made again when the arrays move (a new generation: a growth, also one that ran out of
+        memory half way)."""
+        if self._device_table is None or self._device_table[0] != self.generation:
+            ptrs = [self._cap]
+            for layer in range(self.n_layer):
+                scales = (self._ks[layer].data.ptr, self._vs[layer].data.ptr) if self.kind == "int8" else (0, 0)
+                ptrs += [self._k[layer].data.ptr, self._v[layer].data.ptr, *scales]
+            self._device_table = (self.generation, self.xp.asarray(ptrs, dtype=self.xp.int64))
+        return self._device_table[1]
+
     # --- access ---------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, n: int) -> None:
+        if n < self._length:
+            self._cuts += 1
+        self._length = n
+
     def ensure(self, end: int) -> None:
         if end > self.max_ctx:
             raise StrataError(f"context full: {end} tokens exceed the context of {self.max_ctx}")
@@ -162,6 +188,8 @@ class KVCache:
         are joined first); the length becomes the end of what was written."""
         xp = self.xp
         n = sum(int(p[0].shape[1]) for p in parts)
+        if start < self.length:  # positions a snapshot kept are rewritten
+            self._cuts += 1
         self.ensure(start + n)
         i = 0
         for arrs in self._compact():
@@ -182,3 +210,15 @@ class KVCache:
     def reset(self) -> None:
         """An empty sequence (the storage stays for the next one)."""
         self.length = 0
+
+    def snapshot(self) -> Snapshot:
+        """The sequence as it is (state.Snapshot): a KV cache needs no copy, its positions stay
+        as long as nothing cuts below them."""
+        return Snapshot(self.length, self._cuts)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Back to `snap`: forget the positions added since; StateLost if the cache was cut
+        since (a position the snapshot kept may have been rewritten)."""
+        if self._cuts != snap.cuts or snap.length > self.length:
+            raise StateLost(f"KV cache: cannot restore position {snap.length} (the cache was cut back since)")
+        self._length = snap.length

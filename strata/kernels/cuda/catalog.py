@@ -32,21 +32,23 @@ class ModuleSource:
 
 
 def _mmvq_modules() -> list[ModuleSource]:
-    from strata.kernels.cuda import mmvq as m
+    from strata.kernels.cuda import experts as ex
+    from strata.kernels.cuda import mmvq_build as b
+    from strata.kernels.cuda import mmvq_policy as p
 
-    code, opts = m._source(), m._OPTIONS
-    out = [ModuleSource(f"mmvq {type_by_id(t).name}", code, opts, tuple(m._names(t))) for t in m.supported_types()]
-    # the instances compiled apart, on demand (mmvq._named_function): the lean and groups-of-2
+    code, opts = b.source(), b.OPTIONS
+    out = [ModuleSource(f"mmvq {type_by_id(t).name}", code, opts, tuple(b.names(t))) for t in b.supported_types()]
+    # the instances compiled apart, on demand (mmvq_build.named_function): the lean and groups-of-2
     # one-column instances, prefill's grouped experts, gate + up pairs (of the report's pack
     # types and of one type), and mmvq_wide
     rare = []
-    for t in m.QUANT_TYPES:
-        rare += [m._mmvq_name(t, 1, True, lean=True), m._mmvq_name(t, 1, True, 2), f"mmvq_grouped<{t}>", m._mmq_name(t)]
+    for t in p.QUANT_TYPES:
+        rare += [p.mmvq_name(t, 1, True, lean=True), p.mmvq_name(t, 1, True, 2), f"mmvq_grouped<{t}>", ex.mmq_name(t)]
     iq3s, iq3xxs, q4k = (BY_NAME[n].id for n in ("IQ3_S", "IQ3_XXS", "Q4_K"))
-    for a, b in ((iq3s, iq3xxs), (q4k, q4k)):
-        rare += [f"mmvq_ids_pair<{a}, {b}>", f"mmvq_ids_pair<{a}, {b}, true>"]
+    for a, c in ((iq3s, iq3xxs), (q4k, q4k)):
+        rare += [p.pair_name(a, c), p.pair_name(a, c, True)]
     out.append(ModuleSource("mmvq (instances compiled apart)", code, opts, tuple(rare)))
-    wide = [m._wide_name(t, a, g) for t in m.WIDE_TYPES for a in (False, True) for g in (2, m.RPW)]
+    wide = [p.wide_name(t, a, g) for t in b.KNOBS.wide_warps for a in (False, True) for g in (2, p.RPW)]
     out.append(ModuleSource("mmvq_wide", code, opts, tuple(wide), min_arch=90))
     return out
 

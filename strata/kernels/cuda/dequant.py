@@ -1,6 +1,6 @@
 """Device dequantization of GGUF weight rows (CuPy + NVRTC), for prefill GEMMs and embeddings.
 
-Every type of mmvq.supported_types() (the native quantized types through the MMVQ chunk
+Every type of mmvq_build.supported_types() (the native quantized types through the MMVQ chunk
 decoders of mmvq_decode.cuh, and F32/F16/BF16). Float32 results equal
 strata.kernels.dequant.dequantize bit for bit (compiled without fast math and without FMA
 contraction); float16 results are those values rounded to nearest.
@@ -46,9 +46,9 @@ def _cp():
 
 @functools.cache
 def supported_types() -> tuple[int, ...]:
-    from strata.kernels.cuda import mmvq
+    from strata.kernels.cuda import mmvq_build
 
-    return mmvq.supported_types()
+    return mmvq_build.supported_types()
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-// Common pieces of Strata's MMVQ kernels (compiled through NVRTC by strata/kernels/cuda/mmvq.py).
+// Common pieces of Strata's MMVQ kernels (compiled through NVRTC by strata/kernels/cuda/mmvq_build.py).
 // No system headers: NVRTC builds this without an include path, so the few types and
 // conversions we need are spelled out here.
 

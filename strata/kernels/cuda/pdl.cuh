@@ -45,6 +45,11 @@ __device__ __forceinline__ int ld_global(const int* p) {
     asm("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
+__device__ __forceinline__ unsigned long long ld_global(const unsigned long long* p) {
+    unsigned long long v;
+    asm("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
 // Asks L2 for [p, p + bytes) without waiting (a hint: nothing is read into registers); thread
 // i of the n that share the range (a warp, a block) takes its part. For data no earlier kernel
 // of the stream writes (weights, an attention's older cache rows), issued before
