@@ -46,14 +46,17 @@ def load(path: str) -> tuple[Transformer, Tokenizer]:
 
 def weight_bytes_per_token(model: Transformer) -> int:
     """float32 bytes a one-token forward reads: every matrix once (the embedding row aside)."""
+    from strata.backend.cpu import DenseExperts, DenseWeight
+
     total = int(model.output.wt.nbytes)
-    for bw in model.blocks:
-        for w in (bw.wqkv, bw.wo, bw.wgate_up, bw.wdown, bw.router):
-            if w is not None:
-                total += int(w.wt.nbytes)
-        if bw.gate_exps is not None:  # routed experts: only n_expert_used of them per token
-            share = model.cfg.n_expert_used / model.cfg.n_expert
-            total += int(share * sum(int(e.wt.nbytes) for e in (bw.gate_exps, bw.up_exps, bw.down_exps)))
+    share = model.cfg.n_expert_used / max(1, model.cfg.n_expert)  # routed experts: only n_expert_used per token
+    for layer in model.layers:
+        for part in (layer.mixer, layer.ffn):
+            for w in vars(part).values():
+                if isinstance(w, DenseWeight):
+                    total += int(w.wt.nbytes)
+                elif isinstance(w, DenseExperts):
+                    total += int(share * w.wt.nbytes)
     return total
 
 

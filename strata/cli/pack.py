@@ -7,10 +7,10 @@ from dataclasses import replace
 
 from strata.errors import StrataError
 from strata.kernels.ggml_types import BY_NAME
-from strata.model.hybrid.tensors import INPUT_FORMS
+from strata.model.layers.delta_net import INPUT_FORMS
 from strata.pack.presets import PRESETS, ROLE_ALIASES, ROLE_TENSORS, SUPPORTED_ARCHS, TINY
 from strata.pack.synth import synth_pack
-from strata.pack.synth_hybrid import with_delta_net_input
+from strata.pack.synth_plan import with_delta_net_input
 
 # flag dest -> SynthSpec field it overrides
 SIZE_FLAGS = {

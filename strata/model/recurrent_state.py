@@ -1,5 +1,5 @@
-"""A sequence's state in a hybrid model: the KV cache of its attention layers and the recurrent
-state of its linear-attention (Gated DeltaNet) layers, rolled back together.
+"""A sequence's state in a model with recurrent layers: the KV cache of its attention layers and
+the recurrent state of its linear-attention (Gated DeltaNet) layers, rolled back together.
 
 The scheduler treats a sequence's cache as something with a length that windows advance and
 `truncate(n)` cuts back (rejected drafts, failed windows). A KV cache forgets entries past n for
@@ -41,7 +41,12 @@ from typing import Any
 
 from strata.errors import StrataError
 from strata.model.kv_cache import KVCache
-from strata.model.state import StateLost
+from strata.model.layers.delta_net import DeltaNet
+from strata.model.layers.hparams import ModelConfig
+from strata.model.state import Snapshot, StateLost
+
+# decode windows (1 + drafts) up to this many tokens can be cut back inside; --spec beyond raises it
+REPLAY_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,14 @@ class RecurrentShape:
     @property
     def state_floats(self) -> int:
         return self.conv_rows * self.channels + self.heads * self.head_v * self.head_k
+
+
+def recurrent_shape(cfg: ModelConfig) -> RecurrentShape:
+    """A sequence's recurrent state, from the config alone (`strata probe` sizes it unloaded)."""
+    h = cfg.hybrid
+    return RecurrentShape(n_layer=h.n_recurrent, conv_rows=h.d_conv - 1, channels=h.conv_dim,
+                          heads=h.n_v_heads, head_v=h.d_state, head_k=h.d_state,
+                          replay_width=DeltaNet.replay_width(cfg))
 
 
 class RecurrentPool:
@@ -256,6 +269,21 @@ class HybridCache:
         why = "a window failed after it may have updated it" if self.in_window else \
             f"it holds position {self.length}, not {n}"
         raise StateLost(f"recurrent state without a rollback copy: cannot go back to position {n} ({why})")
+
+    def snapshot(self) -> Snapshot:
+        """The sequence as it is: the KV cache's positions and a copy of the current state copy
+        (state.SequenceState; a window's own rollback uses the checkpoint instead, no copy)."""
+        c = self.copies[self.active]
+        return Snapshot(self.length, self.kv.snapshot().cuts, (self.pool.conv[:, c].copy(), self.pool.ssm[:, c].copy()))
+
+    def restore(self, snap: Snapshot) -> None:
+        """Back to `snap`: its state copied into the current copy, the KV cache cut back to it.
+        The last window can no longer be cut back inside (its replay rows are of other states)."""
+        self.kv.restore(snap)
+        c = self.copies[self.active]
+        self.pool.conv[:, c], self.pool.ssm[:, c] = snap.recurrent
+        self.window_start, self.window_count = snap.length, 0
+        self.in_window = False
 
     def reset(self) -> None:
         """An empty sequence: no positions, zero state."""

@@ -20,7 +20,9 @@ from strata.errors import StrataError
 from strata.kernels.ggml_types import BY_NAME
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
-from strata.model.transformer import Span, _expect, advance
+from strata.model.layers.block import WindowView
+from strata.model.layers.tensors import expect
+from strata.model.transformer import Span, advance
 
 NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 
@@ -124,7 +126,7 @@ class DraftModel:
 
         def need(role: str, shape):
             name = src.names[role]
-            return _expect(src.get(name), f"{src.label}: {name}", shape)
+            return expect(src.get(name), f"{src.label}: {name}", shape)
 
         self.enorm = backend.vector(need("enorm", (E,)))
         self.hnorm = backend.vector(need("hnorm", (E,)))
@@ -135,10 +137,10 @@ class DraftModel:
             self.output_norm = target.output_norm
         else:
             self.output_norm = backend.vector(need("output_norm", (E,)))
-        # the draft's block has the target's block shape (a hybrid model's nextn layer: gated
-        # attention with its FFN); window graphs only where the target's windows take them
-        self.cfg, self.block, self.runner = target.draft_parts(cfg, src.get, src.block_prefix)
-        self.graphs = getattr(backend, "graphs", None) if target.draft_graphable else None
+        # the draft's block, built by the target's architecture from its own layers (a nextn
+        # layer: gated attention with the target's FFN); window graphs where the target's take them
+        self.cfg, self.layer = target.draft_parts(cfg, src.get, src.block_prefix)
+        self.graphs = backend.graphs if target.draft_graphable else None
         # A draft vocabulary narrows the shared head to its tokens where the backend asks for it
         # (the CPU, where the head is ~20% of a target step; on the GPU it is a few us of a
         # window and the full head stays). Verification is exact whatever the draft proposes.
@@ -165,7 +167,7 @@ class DraftModel:
         e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
         h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
         x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
-        x, y = self.runner.block(self.block, 0, x, None, spans, b.begin_window(spans))
+        x, y = self.layer.run(x, None, WindowView(spans, spans, b.begin_window(spans)))
         return x + y
 
     def _run(self, items: list[tuple[KVCache, Any, Any]]) -> Any:

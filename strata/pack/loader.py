@@ -107,7 +107,7 @@ class Pack:
 
     def model_config(self):
         """The model's hyperparameters (a ModelConfig), once the metadata has passed the key table
-        (pack/metadata_rules.py) and every tensor the model reads has the shape it implies: the
+        (strata/model/config.py) and every tensor the model reads has the shape it implies: the
         one check a pack gets before a model is built from it."""
         from strata.model.config import config_from_metadata
         from strata.pack.validate import check_tensors

@@ -27,7 +27,7 @@ from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from strata.errors import StrataError
-from strata.pack.metadata_rules import utf8_problem
+from strata.gguf.key_rules import utf8_problem
 from strata.text.bytelevel import decode_bytelevel
 from strata.text.pretokenizers import pretokenizer_for
 from strata.text.spm import merges_from_scores

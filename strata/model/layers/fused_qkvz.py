@@ -19,7 +19,7 @@ The layout, from llama.cpp (facts, no code):
   SSM_IN, the name earlier converters wrote it under unchanged. in_proj_ba goes to SSM_BETA_ALPHA
   unchanged in both, per key group [b (r) | a (r)], which build_layer_attn_linear splits by a
   reshape whichever input form the layer has: a legacy `ssm_ba` is what DeltaNet reads already
-  (FamilyTraits.fused_ba). `ssm_conv1d`'s channels follow the conv input [q | k | v] in both forms.
+  (DeltaNetTraits.fused_ba). `ssm_conv1d`'s channels follow the conv input [q | k | v] in both forms.
 - src/llama-arch.cpp, LLM_ARCH_QWEN3NEXT: blk.%d.ssm_in, blk.%d.attn_qkv, blk.%d.attn_gate,
   blk.%d.ssm_ba.
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from strata.backend.base import SourceView, TensorSource
 from strata.kernels.ggml_types import type_by_id
-from strata.model.hybrid.config import HybridConfig
+from strata.model.layers.delta_net_hparams import HybridConfig
 
 
 def split_row_order(h: HybridConfig) -> np.ndarray:
