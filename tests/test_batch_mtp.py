@@ -191,12 +191,12 @@ def test_rollback_of_main_and_draft_caches(mtp_cores, plain):
         np.testing.assert_allclose(k1, k2, rtol=1e-2, atol=2e-3)
         np.testing.assert_allclose(v1, v2, rtol=1e-2, atol=2e-3)
     # draft: entry p (p = 1..C) holds (x_p, h_{p-1}) computed from the main model's true hiddens
-    c = s.draft_cache.length
+    c = s.mtp.cache.length
     assert 0 < c <= len(seq)
     full = seq + [s.pending]
     dfresh = core.draft.new_cache(core.n_ctx, "f16")
     core.draft.step(dfresh, np.asarray(full[1 : c + 1]), hidden[:c])
-    k1, v1 = s.draft_cache.read(0, c)
+    k1, v1 = s.mtp.cache.read(0, c)
     k2, v2 = dfresh.read(0, c)
     np.testing.assert_allclose(k1, k2, rtol=1e-2, atol=2e-3)
     np.testing.assert_allclose(v1, v2, rtol=1e-2, atol=2e-3)

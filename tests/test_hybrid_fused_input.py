@@ -3,7 +3,7 @@ group, as earlier llama.cpp converters wrote them) instead of attn_qkv + attn_ga
 
 The split pack compared against is made here from the fused one by numpy reshapes of its byte
 rows written from llama.cpp's qwen3next.cpp (build_qkvz's views), not by the loader's own split
-(strata/model/hybrid/fused_qkvz.py); the float64 reference reads ssm_in by its own reshape too.
+(strata/model/layers/fused_qkvz.py); the float64 reference reads ssm_in by its own reshape too.
 tests/test_llamacpp_oracle_fused.py has llama.cpp itself on such a pack.
 """
 
@@ -24,7 +24,7 @@ from strata.model.transformer import Span
 from strata.pack.loader import open_pack
 from strata.pack.presets import TINY
 from strata.pack.synth import synth_pack
-from strata.pack.synth_hybrid import with_delta_net_input
+from strata.pack.synth_plan import with_delta_net_input
 from tests.support import reference_hybrid, reference_model
 
 IDS = [1, 200, 300, 4000, 50, 60, 70, 80, 9, 1234]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from strata.pack.synth import synth_pack
-from strata.pack.synth_hybrid import with_delta_net_input
+from strata.pack.synth_plan import with_delta_net_input
 from tests.support import oracle
 from tests.test_llamacpp_oracle import TOLERANCE, _strata_logprobs
 

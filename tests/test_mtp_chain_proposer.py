@@ -12,6 +12,7 @@ import numpy as np
 from strata.batch.slots import Slot
 from strata.protocol import SamplingParams
 from strata.mtp.proposer import DraftProposer
+from strata.mtp.state import DraftState
 
 
 class _Cache:
@@ -42,11 +43,10 @@ class ChainDraft:
 
 
 def _slot(i: int, pending: int, tokens_pending: list[int]) -> Slot:
-    s = Slot(index=i, cache=None)
-    s.draft_cache = _Cache(10)
+    s = Slot(index=i, cache=None, mtp=DraftState(cache=_Cache(10)))
     s.pending = pending
-    s.tokens_pending = list(tokens_pending)
-    s.hidden_pending = [np.zeros((len(tokens_pending) + 1, 4), np.float32)]
+    s.mtp.tokens_pending = list(tokens_pending)
+    s.mtp.hidden_pending = [np.zeros((len(tokens_pending) + 1, 4), np.float32)]
     return s
 
 
@@ -61,4 +61,4 @@ def test_chained_drafts_stop_at_k_and_at_min_p():
     assert all(q == [None] * len(d) for d, q in out)
     (toks, k), = draft.calls
     assert k == 4 and toks == [[3, 4, 5], [6], [1, 7]]  # catch-up: pending tokens, then the last one
-    assert all(s.tokens_pending == [] and s.hidden_pending == [] for s in slots)
+    assert all(s.mtp.caught_up for s in slots)

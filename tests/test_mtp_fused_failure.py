@@ -162,7 +162,7 @@ def test_a_slot_whose_draft_keeps_failing_loses_mtp_alone(pack, plain, how):
     for _ in range(4):  # the prompts' window, the draft step's window, then fused windows
         sch._admit()
         sch._guarded_step()
-    assert all(s.next_draft is not None for s in sch.slots)  # both fused
+    assert all(s.mtp.next_draft is not None for s in sch.slots)  # both fused
     broken = sch.slots[1]
     if how == "fault-points":
         sch.faults = _Breaks()
@@ -171,7 +171,7 @@ def test_a_slot_whose_draft_keeps_failing_loses_mtp_alone(pack, plain, how):
         block_out = draft._block_out
 
         def failing(tokens, hidden, spans):
-            if any(sp.cache is broken.draft_cache for sp in spans):
+            if any(sp.cache is broken.mtp.cache for sp in spans):
                 raise RuntimeError("slot 1's draft state is broken")
             return block_out(tokens, hidden, spans)
 
@@ -196,7 +196,7 @@ def test_a_new_request_in_a_slot_that_stopped_fusing_fuses_again(pack, plain):
     outs, windows = _run(core, LATER)  # the next requests in both slots
     assert outs == plain[1]
     for s in sch.slots:
-        assert s.mtp_failed is None and not s.fused_failed
+        assert s.mtp_failed is None and not s.mtp.fused_failed
         fused = _fused(windows, s.index)
         assert len(fused) > 8 and all(fused), fused  # fused again, from their first decode window
     assert sum(FAILED_LINE in ln for ln in lines) == 1

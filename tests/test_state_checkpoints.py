@@ -51,7 +51,7 @@ def test_batch_mtp_the_slot_without_a_copy_never_drafts(tiny):
     assert with_copy["mtp_drafted"] > 0 and with_copy["batch_mtp"]
     assert (without["mtp_drafted"], without["mtp_windows"], without["batch_mtp"]) == (0, 0, False)
     assert without["batch_mtp_reason"] == "no_checkpoint"
-    assert core.scheduler.slots[1].draft_cache is None  # never admitted to MTP: no draft state made
+    assert core.scheduler.slots[1].mtp.cache is None  # never admitted to MTP: no draft state made
     assert [ln for ln in lines if ln.startswith("strata: recurrent state: slot")] == [NO_COPY_LINE]
     sizes = next(ln for ln in lines if "Gated DeltaNet layers" in ln)
     assert "per slot x 1 (two copies" in sizes and "per slot x 1 (one copy: no rollback)" in sizes

@@ -1,4 +1,4 @@
-"""Per-slot state: the request being served, its caches, its MTP state and counters."""
+"""Per-slot state: the request being served, its caches, its MTP state (strata/mtp/state.py) and counters."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from strata.batch.output import TextOutput
 from strata.protocol import RequestHandle
 from strata.model.kv_cache import KVCache
+from strata.mtp.state import DraftState
 
 
 @dataclass
@@ -37,12 +38,10 @@ class MtpCounters:
 class Slot:
     index: int
     cache: KVCache
-    # MTP capability of this slot: from the probe (batch-MTP) and from runtime failures
+    # MTP capability of this slot from the probe (batch-MTP)
     batch_mtp: bool = False
     batch_mtp_reason: str | None = None  # short code, for metrics
-    mtp_failed: str | None = None  # set once when the slot's MTP path failed; said once
-    draft_cache: KVCache | None = None
-    mtp_admitted: bool = False  # this request's MTP admission succeeded
+    mtp: DraftState | None = None  # None when nothing proposes (no --spec, no draft)
     counters: MtpCounters = field(default_factory=MtpCounters)
     # the request in service
     handle: RequestHandle | None = None
@@ -58,19 +57,15 @@ class Slot:
     cached: int = 0  # prompt tokens whose KV came from the prefix cache
     embed_sum: Any = None  # an embedding request's running sum of final-normed hiddens
     block_hidden: dict[int, Any] = field(default_factory=dict)  # prefix-cache block -> main hidden at its end
-    # draft catch-up: main hiddens h_C..h_{M-1} and tokens x_{C+1}..x_{M-1} not yet seen by the draft
-    hidden_pending: list[Any] = field(default_factory=list)
-    tokens_pending: list[int] = field(default_factory=list)
-    # fused drafting (strata/mtp/fused_window.py): the draft made inside the last window for the
-    # next one, (token, top probability), and the main hidden of the pending token's position - 1
-    # (what a normal catch-up needs if the next window does not fuse)
-    next_draft: tuple[int, float] | None = None
-    fused_hidden: Any = None
-    fused_failed: bool = False  # a fused window of this request failed: it drafts unfused until it ends
 
     @property
     def busy(self) -> bool:
         return self.handle is not None
+
+    @property
+    def mtp_failed(self) -> str | None:
+        """Why the slot's MTP path failed (MTP is off for it from then on); None: it did not."""
+        return None if self.mtp is None else self.mtp.failed
 
     @property
     def rolls_back(self) -> bool:
@@ -96,12 +91,6 @@ class Slot:
         self.cached = 0
         self.embed_sum = None
         self.block_hidden = {}
-        self.hidden_pending = []
-        self.tokens_pending = []
-        self.next_draft = None
-        self.fused_hidden = None
-        self.fused_failed = False
-        self.mtp_admitted = False
         self.cache.reset()
-        if self.draft_cache is not None:
-            self.draft_cache.reset()
+        if self.mtp is not None:
+            self.mtp.reset()

@@ -22,6 +22,7 @@ from strata.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
 from strata.sampling.logit_adjust import bans_everything
 from strata.model.build import build_model
+from strata.model.config import ModelConfig
 from strata.mtp.draft import DraftModel
 from strata.mtp.proposer import DraftProposer
 from strata.pack.weight_check import check_weights
@@ -116,9 +117,47 @@ def check_request(req: GenerationRequest, vocab: int) -> None:
         raise StrataError("min_tokens must be >= 0 and repeat_last_n >= -1")
 
 
+def resolve_options(opts: EngineOptions, pack: Any, backend_name: str, log: Callable[[str], None]) -> Any:
+    """The options as the engine runs them: the MTP defaults (the draft to load and --spec)
+    decided as `strata probe` decides them, for a pack a shipped draft was made for (found by its
+    fingerprint whatever its path), said once. -> strata.mtp.defaults.MtpPlan (its .opts)."""
+    from strata.mtp.defaults import plan_mtp
+
+    plan = plan_mtp(opts, pack, backend_name)
+    note = plan.note(backend_name)
+    if note is not None:
+        log(note)
+    return plan
+
+
 class EngineCore:
-    def __init__(self) -> None:  # use EngineCore.load
-        self.opts: EngineOptions
+    """A loaded engine: the model (and its draft), the tokenizer and the running scheduler.
+
+    Made by `EngineCore.load` in the order of the work: the options resolved against the pack
+    (`resolve_options`), then `_read_pack`, `_load_model`, `_load_draft`, `_plan_slots` and
+    `_build_scheduler`. Every attribute exists once load returns, whatever path it took."""
+
+    def __init__(self, opts: EngineOptions, log: Callable[[str], None], backend: Any, pack: Any,
+                 pack_arg: str | None) -> None:  # use EngineCore.load
+        self.opts = opts
+        self.log = log
+        self.backend = backend
+        self.pack = pack
+        self.pack_arg = pack_arg  # how the pack was named (the model's name when the pack has none)
+        self.parallel = opts.parallel
+        # set by _read_pack and _load_model
+        self.cfg: ModelConfig
+        self.tokenizer: Any
+        self.chat: Any
+        self.model: Any
+        self.n_ctx = 0
+        self.model_name = ""
+        # set by _load_draft and _plan_slots; these stay where the model has no draft or state
+        self.draft: DraftModel | None = None
+        self.draft_state_bytes = 0  # one slot's draft KV and buffers at full context
+        self.checkpoints: CheckpointPlan | None = None
+        # set by _build_scheduler
+        self.probe_report: Any = None
         self.scheduler: Scheduler
 
     def _plan_checkpoints(self, opts: EngineOptions) -> CheckpointPlan | None:
@@ -157,89 +196,102 @@ class EngineCore:
     def load(cls, opts: EngineOptions, log: Callable[[str], None] = log_stderr) -> "EngineCore":
         from strata.defaults import default_model_path
         from strata.pack.loader import open_pack
-        from strata.text.chat_template import ChatTemplate
-        from strata.text.tokenizer import Tokenizer
 
-        self = cls()
-        self.opts = opts
-        self.log = log
         for w in opts.warnings():
             log(w)
-        pack_arg = opts.pack
         backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads, log=log)
-        self.backend = backend
+        pack_arg = opts.pack
         if pack_arg is None and opts.native is None:
             pack_arg = str(default_model_path())
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
-        self.pack = pack
-        # MTP defaults: the draft to load and --spec, decided as `strata probe` decides them
-        # (a pack a shipped draft was made for, found by its fingerprint whatever its path)
-        from strata.mtp.defaults import plan_mtp
+        plan = resolve_options(opts, pack, backend.name, log)
+        self = cls(plan.opts, log, backend, pack, pack_arg)
+        self._read_pack()
+        src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
+        self._load_model()
+        src = self._load_draft(src)
+        self._plan_slots(src)
+        self._build_scheduler(src, plain_for_seeded=plan.auto)
+        return self
 
-        plan = plan_mtp(opts, pack, backend.name)
-        opts = plan.opts
-        auto_mtp = plan.auto  # MTP turned on by DEFAULT_SPEC (not for seeded sampled requests), not by the user
-        self.opts = opts
-        note = plan.note(backend.name)
-        if note is not None:
-            log(note)
-        md = pack.metadata
-        cfg = pack.model_config()  # the metadata key table and every tensor shape, checked once
+    def _read_pack(self) -> None:
+        """The pack's config, weights check, tokenizer and chat template; refused at once when
+        its weights cannot fit the device."""
+        from strata.text.chat_template import ChatTemplate
+        from strata.text.tokenizer import Tokenizer
+
+        pack, md = self.pack, self.pack.metadata
+        self.cfg = cfg = pack.model_config()  # the metadata key table and every tensor shape, checked once
         check_weights(pack)  # NaN / Inf in float weights and block scales (sampled: strata/pack/weight_check.py)
-        self.cfg = cfg
-        label = pack.label if hasattr(pack, "label") else pack_arg
-        log(f"strata: pack {label}: {cfg.arch}, {cfg.n_layer} layers, "
-            f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
+        self.log(f"strata: pack {pack.label}: {cfg.arch}, {cfg.n_layer} layers, "
+                 f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
-        _check_room(backend, pack.tensors.values(), f"pack {label}")
-        src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
+        _check_room(self.backend, pack.tensors.values(), f"pack {pack.label}")
+
+    def _load_model(self) -> None:
+        """The main model's weights on the device; the context size and the model's name."""
+        backend, cfg, opts, log, pack = self.backend, self.cfg, self.opts, self.log, self.pack
         line = backend.start_line()  # the CPU's: its BLAS thread count and why
         if line is not None:  # (once the pack and the draft are accepted: a refusal stays one line)
             log(line)
         get = lambda name: pack.tensors.get(name)  # noqa: E731
-        with _load_errors(backend, f"pack {label}"):
+        with _load_errors(backend, f"pack {pack.label}"):
             self.model = build_model(backend, cfg, get,
                                      progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
         self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
-        warning = past_training_warning(opts.max_context, cfg.n_ctx_train, cfg.arch, md)
+        warning = past_training_warning(opts.max_context, cfg.n_ctx_train, cfg.arch, pack.metadata)
         if warning is not None:
             log(warning)
-        self.parallel = opts.parallel
-        self.model_name = opts.alias or str(md.get("general.name") or pack_arg)
+        self.model_name = opts.alias or str(pack.metadata.get("general.name") or self.pack_arg)
 
-        draft = None
-        if opts.spec > 0 and src is None:
+    def _load_draft(self, src: Any) -> Any:
+        """The MTP draft's weights when --spec asks for one and a source was found. Out of memory
+        is not a refusal: the model serves without it (MTP off, said once). -> the draft's
+        source, None when no draft runs."""
+        backend, log = self.backend, self.log
+        if self.opts.spec > 0 and src is None:
             log("strata mtp: --spec given but no draft (no --mtp, no nextn tensors in the pack, and no shipped "
                 "draft made for it); MTP is off")
-        if src is not None and opts.spec > 0:
-            mark, missed = backend.upload_mark(), None
-            try:
-                with _load_errors(backend, f"draft {src.label}"):
-                    draft = DraftModel(backend, cfg, src, self.model)
-            except OutOfMemory as e:  # the model serves without it: MTP off, said once
-                missed = e.message
-            if missed is not None:  # (out of the except clause: its traceback held the partial draft)
-                backend.drop_uploads_since(mark)
-                gc.collect()  # the exceptions' frames form cycles that still hold its arrays
-                backend.release_cached_memory()
-                log(f"strata mtp: {missed}; MTP is off")
-                src = None
-        elif src is not None:
+        if src is None:
+            return None
+        if self.opts.spec <= 0:
             log(f"strata mtp: draft found ({src.label}) but --spec is 0; MTP is off")
-        self.checkpoints = self._plan_checkpoints(opts)  # (after the weights and the draft: what is left)
-        if draft is not None:
-            self.draft_state_bytes = draft.state_bytes(self.n_ctx, opts.kv)
+            return src
+        mark, missed = backend.upload_mark(), None
+        try:
+            with _load_errors(backend, f"draft {src.label}"):
+                self.draft = DraftModel(backend, self.cfg, src, self.model)
+        except OutOfMemory as e:
+            missed = e.message
+        if missed is not None:  # (out of the except clause: its traceback held the partial draft)
+            backend.drop_uploads_since(mark)
+            gc.collect()  # the exceptions' frames form cycles that still hold its arrays
+            backend.release_cached_memory()
+            log(f"strata mtp: {missed}; MTP is off")
+            return None
+        return src
+
+    def _plan_slots(self, src: Any) -> None:
+        """The slots' rollback copies (after the weights and the draft: what is left) and the
+        draft's state per slot, said once."""
+        opts, log = self.opts, self.log
+        self.checkpoints = self._plan_checkpoints(opts)
+        if self.draft is not None:
+            self.draft_state_bytes = self.draft.state_bytes(self.n_ctx, opts.kv)
             for i in range(opts.parallel):
                 if self.checkpoints is None or self.checkpoints.has(i):  # (the others never draft)
                     log(f"strata mtp: slot {i}: shared draft weights ({src.nbytes / MiB:.1f} MiB, {src.label}), "
                         f"{self.draft_state_bytes / MiB:.1f} MiB of private state and buffers at full context")
-        self.draft = draft
         if self.checkpoints is not None:
             self._recurrent_state_lines(log)
-        slot_caps = self._probe(pack, src, log)
+
+    def _build_scheduler(self, src: Any, plain_for_seeded: bool) -> None:
+        """The probe's per-slot verdicts, the proposer, and the scheduler with its slots' caches."""
+        opts, log, draft, backend = self.opts, self.log, self.draft, self.backend
+        slot_caps = self._probe(self.pack, src, log)
         if draft is not None and opts.batch_mtp and any(on for on, _ in slot_caps):
-            log(f"strata verify: batch windows of up to {opts.parallel} sequences (layers [0, {cfg.n_layer}))")
+            log(f"strata verify: batch windows of up to {opts.parallel} sequences (layers [0, {self.cfg.n_layer}))")
         proposer = None
         if draft is not None:
             proposer = DraftProposer(draft, max_ctx=self.n_ctx, kv_kind=opts.kv, chunk=opts.prefill_chunk(),
@@ -254,14 +306,13 @@ class EngineCore:
                 SchedulerConfig(parallel=opts.parallel, max_ctx=self.n_ctx, kv_kind=opts.kv,
                                 prefill_chunk=opts.prefill_chunk(), spec=opts.spec if draft else 0,
                                 spec_min_p=opts.spec_min_p, batch_mtp=opts.batch_mtp,
-                                fused_drafts=fused, plain_for_seeded=auto_mtp,
+                                fused_drafts=fused, plain_for_seeded=plain_for_seeded,
                                 prefix_cache_bytes=opts.prefix_cache << 20),
                 proposer=proposer, slot_batch_mtp=slot_caps,
                 slot_checkpoints=self.checkpoints.flags() if self.checkpoints else None, log=log)
         check_one_slot_fits(opts.max_context, self.n_ctx, self.scheduler.slots[0].cache.bytes_per_position,
                             backend.free_bytes(), backend.name, opts.kv)
         self._say_kv_room(log)
-        return self
 
     def _say_kv_room(self, log: Callable[[str], None]) -> None:
         """Said at start-up when every slot at full context would not fit the free memory: the KV
@@ -279,15 +330,15 @@ class EngineCore:
 
     def _probe(self, pack: Any, src: Any, log: Callable[[str], None]) -> list[tuple[bool, str | None]]:
         """Per slot: may it verify its own proposal inside a batched window? (the probe decides)"""
-        from strata.kernels.native_table import table_for_backend
+        from strata.backend.kernel_table import table_for_backend
         from strata.kernels.probe import run_probe
 
         table = table_for_backend(self.backend.name, self.opts.no_native_types())
         tensors = {n: (t.ggml_type, tuple(t.shape)) for n, t in pack.tensors.items()
                    if src is None or n not in src.tensors}
         draft_tensors = {n: (t.ggml_type, tuple(t.shape)) for n, t in src.tensors.items()} if src else None
-        report = run_probe(tensors, draft_tensors, self.opts, self.backend.name, table,
-                           n_gpus=1, mtp_state_bytes_per_slot=getattr(self, "draft_state_bytes", 0),
+        report = run_probe(tensors, draft_tensors, self.backend.name, table, parallel=self.opts.parallel,
+                           spec=self.opts.spec, batch_mtp=self.opts.batch_mtp, n_gpus=1, mtp_state_bytes_per_slot=self.draft_state_bytes,
                            free_bytes=self.backend.free_bytes(),
                            checkpoints=self.checkpoints.count if self.checkpoints else None)
         self.probe_report = report

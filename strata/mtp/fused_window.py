@@ -44,11 +44,6 @@ def forward_with_next_drafts(model: Any, draft: Any, tokens: np.ndarray, spans: 
     if not (np.all(np.diff(rows) > 0) and np.array_equal(rows[pick], drows)):
         raise ValueError("draft rows must be logit rows, and logit rows ascending")
     inputs: dict[str, Any] = {"rows": rows, "pick": pick, "drows": drows, "dends": np.arange(len(drows))}
-    on_device = getattr(model.embd, "blocks", None) is not None
-    if on_device:
-        inputs["tokens"] = np.asarray(tokens, np.int64)
-    else:
-        inputs["x"] = b.embed_host(model.embd, tokens) if hasattr(b, "embed_host") else b.embed(model.embd, tokens)
 
     def window(d):
         x = b.embed(model.embd, d["tokens"]) if "tokens" in d else d["x"]
@@ -60,12 +55,19 @@ def forward_with_next_drafts(model: Any, draft: Any, tokens: np.ndarray, spans: 
         xp = b.xp
         return h, xp.concatenate([ids.astype(xp.float64), dids.astype(xp.float64), dtop.astype(xp.float64)])
 
-    graphs = getattr(b, "graphs", None)
+    graphs = b.graphs
     if graphs is not None and graphs.takes(spans) and graphs.takes(draft_spans):
+        # a graph's input is the ids where the embedding is gathered on the device (the CUDA
+        # embedding's blocks), else the rows embedded on the host
+        if model.embd.blocks is not None:
+            inputs["tokens"] = np.asarray(tokens, np.int64)
+        else:
+            inputs["x"] = b.embed_host(model.embd, tokens)
         # the small results go to the host at once: lent, not copied
         h, small = graphs.run_fn(("model+next-draft", id(model), id(draft)), window, inputs, spans,
                                  borrow=(False, True), more=[list(draft_spans)])
     else:
+        inputs["tokens"] = np.asarray(tokens, np.int64)
         h, small = window({k: b.asarray(v) for k, v in inputs.items()})
     advance(list(spans) + list(draft_spans))
     small = np.asarray(b.to_host(small))

@@ -25,12 +25,6 @@ class Verdict:
     tokens: list[int]  # the kept drafts followed by the target's own next token
 
 
-def _top(row) -> int:
-    """The target's greedy token: argmax of a logits row, or the row's argmax itself when the
-    backend sent only that (np.ndim 0: the GPU copies argmax ids, not whole rows, for greedy)."""
-    return int(row) if np.ndim(row) == 0 else int(np.argmax(row))
-
-
 def _after_rejection(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:
     """The target's token where a draft drawn from q was rejected: from normalize(max(0, p - q))."""
     residual = np.maximum(p - q, 0.0)
@@ -38,9 +32,11 @@ def _after_rejection(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> 
     return sample_from(residual / total, rng) if total > 0 else sample_from(p, rng)
 
 
-def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarray],
+def verify(drafts: Sequence[int], p: Sequence[np.ndarray] | Sequence[int], q: Sequence[np.ndarray],
            rng: np.random.Generator, greedy: bool, rejected: np.ndarray | None = None) -> Verdict:
-    """`rejected`: the draft distribution of a sampled draft that came after the given ones and
+    """`p`: the target's distributions p_0..p_k; greedy: the target's tokens (each one-hot p_j's
+    token, its row's argmax: the caller computes it, or the device sent only that).
+    `rejected`: the draft distribution of a sampled draft that came after the given ones and
     was cut before the window (a token the request's grammar does not allow: the target gives it
     probability 0, so it would be rejected for sure). Past the given drafts, the token is then
     drawn as on a rejection, from normalize(max(0, p_k - rejected)), which keeps the output
@@ -51,7 +47,7 @@ def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarra
         d = int(drafts[j])
         pj = p[j]
         if greedy:
-            y = _top(pj)
+            y = int(pj)
             if y != d:
                 return Verdict(j, out + [y])
             out.append(d)
@@ -65,5 +61,5 @@ def verify(drafts: Sequence[int], p: Sequence[np.ndarray], q: Sequence[np.ndarra
     last = p[k]
     if rejected is not None and not greedy:
         return Verdict(k, out + [_after_rejection(last, rejected, rng)])
-    nxt = _top(last) if greedy else sample_from(last, rng)
+    nxt = int(last) if greedy else sample_from(last, rng)
     return Verdict(k, out + [nxt])

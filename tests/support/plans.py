@@ -1,10 +1,10 @@
-"""Checks of an mmvq.ExpertPlan (host arrays), shared by the CPU and GPU tests."""
+"""Checks of an experts.ExpertPlan (host arrays), shared by the CPU and GPU tests."""
 
 from __future__ import annotations
 
 import numpy as np
 
-GROUP_COLS = 8  # strata.kernels.cuda.mmvq.GROUP_COLS
+GROUP_COLS = 8  # strata.kernels.cuda.experts.GROUP_COLS
 
 
 def assert_plan_covers(ids: np.ndarray, n_expert: int, order: np.ndarray, tiles: np.ndarray, used: int,

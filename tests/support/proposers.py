@@ -1,11 +1,13 @@
-"""Proposers whose correctness the tests control (same interface as strata.mtp.proposer)."""
+"""Proposers whose correctness the tests control (the protocol of strata/mtp/state.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from strata.mtp.state import Proposer
 
-class ReplayProposer:
+
+class ReplayProposer(Proposer):
     """Proposes the target's own known continuation, wrong at chosen draft positions.
 
     `continuations[prompt_key]` is the target's greedy continuation; `wrong_at` holds draft
@@ -20,12 +22,6 @@ class ReplayProposer:
         self.wrong_at = set(wrong_at)
         self.vocab = vocab
         self.expected_accepts: list[int] = []
-
-    def admit(self, slot) -> None:
-        pass
-
-    def committed(self, slot) -> int:
-        return 0
 
     def propose(self, slot, k, params):
         cont = self.cont[tuple(slot.prompt)]
@@ -43,7 +39,7 @@ class ReplayProposer:
         return drafts, [None] * len(drafts)
 
 
-class SampledProposer:
+class SampledProposer(Proposer):
     """Draws each draft from a fixed distribution q over a few tokens (for the sampling test)."""
 
     wants_hidden = False
@@ -53,12 +49,6 @@ class SampledProposer:
         self.qv = np.zeros(vocab)
         self.qv[self.support] = q
         self.rng = np.random.default_rng(seed)
-
-    def admit(self, slot) -> None:
-        pass
-
-    def committed(self, slot) -> int:
-        return 0
 
     def propose(self, slot, k, params):
         toks = [int(self.rng.choice(self.support, p=self.qv[self.support])) for _ in range(k)]
