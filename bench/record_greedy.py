@@ -37,7 +37,7 @@ def record(device: str, only: list[str] | None, logits_out: Path | None) -> dict
     dumps: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="greedy-record-") as tmp:
         for case in gr.CASES:
-            if only and case.name not in only:
+            if (only and case.name not in only) or device not in case.devices:
                 continue
             if case.pack == "model" and not have_test_model():
                 print(f"{case.name:18s} skipped: the test model is not on this machine", flush=True)

@@ -230,8 +230,12 @@ class Flag:
 FLAGS: tuple[Flag, ...] = (
     Flag(("--pack",), "str | None", group=PACK,
          help="pack directory or GGUF file (default: the bundled SmolLM2-135M-Instruct)"),
-    Flag(("--native",), "str | None", group=PACK, help="main shard of the pack (relative to --pack DIR)"),
-    Flag(("--ple-gguf",), "list[str]", [], group=PACK, action="append", help="extra shard whose tensors join the pack"),
+    Flag(("--native",), "str | None", group=PACK,
+         help="the pack's main file, or any shard of its split (relative to --pack DIR); the other shards "
+              "are found by their NAME-0000k-of-0000n.gguf names"),
+    Flag(("--ple-gguf",), "list[str]", [], group=PACK, action="append",
+         help="a shard of the pack's split (held to its split.* keys), or a file of tensors the pack lacks "
+              "(e.g. the n-gram table); repeatable"),
     Flag(("--mtp",), "str | None", help="MTP draft (file or directory); default: nextn tensors in the pack, else a "
                                         "shipped draft made for the pack, if any"),
     Flag(("--spec",), "int", 0, bound=Bound(0, 16, why="drafts past the first few are almost never accepted"),

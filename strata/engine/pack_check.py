@@ -5,9 +5,11 @@ one line at once instead of an exit after a load."""
 from __future__ import annotations
 
 
-def check_pack_files(pack: str | None, native: str | None, ple_gguf: str | None, mtp: str | None) -> None:
-    """Open the pack (its files, headers, metadata table and tensor shapes; no tensor data is
-    read) and an --mtp draft against it; a StrataError names what is wrong."""
+def check_pack_files(pack: str | None, native: str | None, ple_gguf: list[str] | str | None,
+                     mtp: str | None) -> None:
+    """Open the pack (its files or split shards, each held to its split.* keys; headers, metadata
+    table and tensor shapes; no tensor data is read) and an --mtp draft against it; a StrataError
+    names what is wrong."""
     from strata.mtp.draft import find_draft
     from strata.pack.loader import open_pack
 

@@ -4,27 +4,26 @@ Flag forms (as the CLI passes them):
   --pack DIR                      every *.gguf in DIR (one model: one file or one split set)
   --pack FILE                     that file (plus its siblings when it is one shard of a split)
   --native FILE                   the main file; relative paths resolve against --pack DIR
-  --ple-gguf FILE [FILE ...]      extra files whose tensors join the namespace
-Split shards follow llama.cpp's gguf-split naming, NAME-0000i-of-0000N.gguf; metadata comes
-from shard 1.
+  --ple-gguf FILE [FILE ...]      a shard of the pack's split (where the folder lacks it, or
+                                  naming one the folder has), or a plain file whose tensors the
+                                  pack lacks (the n-gram table of a pack written without it)
+Split shards follow llama.cpp's gguf-split naming, NAME-0000i-of-0000N.gguf, and are held to
+their split.* keys (strata.pack.shards); metadata comes from shard 1. Model code looks a tensor
+up by name (`Pack.tensor`), whichever file holds it.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from strata.errors import StrataError
-from strata.gguf.constants import SPLIT_COUNT_KEY
 from strata.gguf.reader import GGUFFile, TensorInfo
+from strata.pack.shards import (SHARD_NAME, check_beside, check_split, check_tensor_total, place_extra, shard_name,
+                                shard_slots)
 
-SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
-def shard_name(stem: str, no: int, count: int) -> str:
-    return f"{stem}-{no:05d}-of-{count:05d}.gguf"
+__all__ = ["Pack", "open_pack", "user_path", "shard_name", "SHARD_NAME"]
 
 
 def user_path(text: str | Path, base: Path | None = None) -> Path:
@@ -42,19 +41,6 @@ def user_path(text: str | Path, base: Path | None = None) -> Path:
         if c.exists():
             return c
     return ordered[0]
-
-
-def _shard_set(path: Path, label: str) -> list[Path]:
-    """All shards of the split that `path` belongs to (just [path] when it is not a shard)."""
-    m = SHARD_NAME.match(path.name)
-    if not m:
-        return [path]
-    count = int(m["count"])
-    shards = [path.parent / shard_name(m["stem"], i, count) for i in range(1, count + 1)]
-    for s in shards:
-        if not s.is_file():
-            raise StrataError(f"pack {label}: shard {s.name} is missing")
-    return shards
 
 
 def _models_in_dir(directory: Path) -> dict[str, list[Path]]:
@@ -150,8 +136,8 @@ class Pack:
         self.files.append(gguf)
 
 
-def _main_paths(pack: str | None, native: str | None) -> tuple[str, list[Path]]:
-    """(label, the main model's files, shard 1 first)."""
+def _main_paths(pack: str | None, native: str | None) -> tuple[str, Path | None, Path]:
+    """(label, the folder relative names resolve against, the main file: any shard of a split)."""
     base = None
     if pack is not None:
         pack_path = user_path(pack)
@@ -161,7 +147,7 @@ def _main_paths(pack: str | None, native: str | None) -> tuple[str, list[Path]]:
         elif pack_path.is_file():
             base = pack_path.parent
             if native is None:
-                return label, _shard_set(pack_path, label)
+                return label, base, pack_path
         else:
             raise StrataError(f"pack {pack}: no such file or directory")
     if native is not None:
@@ -170,7 +156,7 @@ def _main_paths(pack: str | None, native: str | None) -> tuple[str, list[Path]]:
         if not native_path.is_file():
             where = f" (looked in {base})" if base is not None else ""
             raise StrataError(f"--native {native}: no such file{where}")
-        return label, _shard_set(native_path, label)
+        return label, base, native_path
     if pack is None:
         raise StrataError("no model given: pass --pack DIR|FILE or --native FILE")
     groups = _models_in_dir(base)
@@ -180,7 +166,7 @@ def _main_paths(pack: str | None, native: str | None) -> tuple[str, list[Path]]:
         names = ", ".join(groups)
         raise StrataError(f"pack {pack}: holds several models ({names}); pick the main one with --native")
     (first, members), = groups.items()
-    return label, _shard_set(base / first, label) if SHARD_NAME.match(first) else members
+    return label, base, (base / first if SHARD_NAME.match(first) else members[0])
 
 
 def open_pack(
@@ -188,36 +174,54 @@ def open_pack(
     native: str | None = None,
     ple_gguf: list[str] | str | None = None,
 ) -> Pack:
-    label, paths = _main_paths(pack, native)
+    label, base, main = _main_paths(pack, native)
     if isinstance(ple_gguf, (str, Path)):
         ple_gguf = [ple_gguf]
-    base = None
-    if pack is not None:
-        p = user_path(pack)
-        base = p if p.is_dir() else p.parent
+    extra_paths = []
     for extra in ple_gguf or ():
         extra_path = user_path(extra, base)
         if not extra_path.is_file():
             raise StrataError(f"--ple-gguf {extra}: no such file")
-        paths.append(extra_path)
+        extra_paths.append(extra_path)
 
-    result = Pack(label, [])
-    seen: set[Path] = set()
-    for p in paths:
-        resolved = p.resolve()
-        if resolved in seen:  # --ple-gguf naming a shard already loaded with its set
+    opened: list[GGUFFile] = []
+    try:
+        return _assemble(label, shard_slots(main), extra_paths, opened)
+    except BaseException:
+        for f in opened:
+            f.close()
+        raise
+
+
+def _assemble(label: str, paths: list[Path], extra_paths: list[Path], opened: list[GGUFFile]) -> Pack:
+    """Open the split's shards found by name, place each --ple-gguf file (a shard into its slot,
+    a plain file beside), then check the split and join every tensor into one namespace."""
+    def open_file(path: Path) -> GGUFFile:
+        f = GGUFFile(path)
+        opened.append(f)
+        return f
+
+    held: list[GGUFFile | None] = [open_file(p) if p.is_file() else None for p in paths]
+    seen = {f.path.resolve() for f in held if f is not None}
+    beside: list[GGUFFile] = []
+    for path in extra_paths:
+        if path.resolve() in seen:  # --ple-gguf naming a shard already loaded with its set
             continue
-        seen.add(resolved)
-        result._join(GGUFFile(p))
-    _check_split_count(result, label)
+        seen.add(path.resolve())
+        f = open_file(path)
+        place = place_extra("--ple-gguf", f, paths, held)
+        if place is None:
+            beside.append(f)
+        else:
+            held[place] = f
+    for path, f in zip(paths, held):
+        if f is None:
+            raise StrataError(f"pack {label}: shard {path.name} is missing")
+    check_split(label, held)
+    for f in beside:
+        check_beside("--ple-gguf", f, held[0])
+    result = Pack(label, [])
+    for f in held + beside:  # (a tensor in two files is named before the counts disagree)
+        result._join(f)
+    check_tensor_total(label, held)
     return result
-
-
-def _check_split_count(pack: Pack, label: str) -> None:
-    declared = pack.metadata.get(SPLIT_COUNT_KEY)
-    m = SHARD_NAME.match(pack.main.path.name)
-    if declared is not None and m and int(declared) != int(m["count"]):
-        raise StrataError(
-            f"pack {label}: {pack.main.path.name} says {SPLIT_COUNT_KEY} = {declared} "
-            f"but its name says {int(m['count'])} shards"
-        )

@@ -40,6 +40,11 @@ ROLE_TENSORS = {
     "ffn_up_shexp": "ffn_up_shexp",
     "ffn_down_shexp": "ffn_down_shexp",
     "nextn_eh_proj": "nextn.eh_proj",
+    # qwen4exp (strata/model/archs/qwen4exp.py)
+    "hc": "hc_attn_* / hc_ffn_* / output_hc_* (down, up, inject)",
+    "indexer": "indexer.q_proj / indexer.k_proj",
+    "ple_proj": "ple_key / ple_value",
+    "ple_table": "per_layer_token_embd",
 }
 ROLE_ALIASES = {"attn": ("attn_q", "attn_k", "attn_v", "attn_output")}
 
@@ -73,6 +78,9 @@ class SynthSpec:
     attn_interval: int = 4  # every N-th layer is full attention
     nextn: int = 0  # nextn (MTP) layers after the main stack
     delta_net_input: str = "split"  # DeltaNet input projection form (strata.model.layers.delta_net.INPUT_FORMS)
+    # an architecture's own shapes, read by its ArchSpec.synth_keys (qwen4exp: hyper-connections,
+    # indexer, n-gram table)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def is_hybrid(self) -> bool:
@@ -109,6 +117,12 @@ TYPE_PLANS: dict[str, dict[str, str]] = {
     "hybrid-full": {**_HYBRID_TYPES, **_all_attn("Q4_K"), "ssm_in": "Q4_K", "ssm_ba": "Q8_0", "ssm_out": "Q4_K",
                     "ffn_gate_exps": "IQ3_S", "ffn_up_exps": "IQ3_XXS", "ffn_down_exps": "Q2_0/IQ4_NL",
                     "ffn_gate_shexp": "Q4_K", "ffn_up_shexp": "Q4_K", "ffn_down_shexp": "Q6_K"},
+    # what llama-quantize writes for IQ3_S on Qwen3.8-Flash-Next: 640-wide downs and the 160-wide
+    # n-gram rows fall back to IQ4_NL; the small projections Q8_0
+    "streams-iq3s": {**_HYBRID_TYPES, **_all_attn("Q4_K"), "ssm_in": "Q4_K", "ssm_ba": "Q8_0", "ssm_out": "Q4_K",
+                      "ffn_gate_exps": "IQ3_S", "ffn_up_exps": "IQ3_S", "ffn_down_exps": "IQ4_NL",
+                      "ffn_gate_shexp": "IQ3_S", "ffn_up_shexp": "IQ3_S", "ffn_down_shexp": "IQ4_NL",
+                      "hc": "Q8_0", "indexer": "F16", "ple_proj": "Q8_0", "ple_table": "IQ4_NL"},
 }
 
 

@@ -108,6 +108,8 @@ def arch_metadata(spec: SynthSpec, *, nextn: bool = True) -> list[tuple[str, obj
             meta.append(u32("expert_shared_feed_forward_length", spec.shexp_ff))
     elif arch.recurrent:
         meta += ffn_length
+    if arch.synth_keys is not None:
+        meta += [(f"{a}.{key}", value, vtype) for key, value, vtype in arch.synth_keys(spec)]
     return meta
 
 

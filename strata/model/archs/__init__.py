@@ -9,7 +9,7 @@ below.
 
 from __future__ import annotations
 
-from strata.model.archs import llama, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe
+from strata.model.archs import llama, qwen2, qwen3, qwen3moe, qwen3next, qwen4exp, qwen35, qwen35moe
 from strata.model.archs.spec import ArchSpec, model_tensors
 
 ARCHS: dict[str, ArchSpec] = {spec.name: spec for spec in (
@@ -20,6 +20,7 @@ ARCHS: dict[str, ArchSpec] = {spec.name: spec for spec in (
     qwen35moe.SPEC,
     qwen35.SPEC,
     qwen3next.SPEC,
+    qwen4exp.SPEC,
 )}
 
 # Lists of architectures by trait, for the tables and flags that take a list.

@@ -50,6 +50,14 @@ class ArchSpec:
     nextn_tensors: Callable[[ModelConfig, int], list[TensorSpec]] | None = None  # nextn (MTP) layer i
     delta_net: DeltaNetTraits | None = None  # its Gated DeltaNet layers' traits (None: none)
     shared_expert: bool = False  # its MoE has a sigmoid-gated shared expert
+    # the head's tensors when not output_norm + output (cfg) -> [TensorSpec]
+    head_tensors: Callable[[ModelConfig], list[TensorSpec]] | None = None
+    # its residual is hyper-connection streams, and `block` gives layers that run on them
+    # (strata/model/hyper_transformer.py runs the model); else the one-vector residual of
+    # strata/model/transformer.py
+    residual_streams: bool = False
+    # the `{arch}.*` keys of its own a synthetic pack writes: SynthSpec -> [(key, value, GGUF type)]
+    synth_keys: Callable[[Any], list[tuple[str, Any, Any]]] | None = None
     tiny: Mapping[str, Any] = field(default_factory=dict)  # the TINY synthetic pack's SynthSpec fields
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # named synthetic packs
 
@@ -69,5 +77,7 @@ def model_tensors(spec: ArchSpec, cfg: ModelConfig, *, trunk: bool = True, nextn
     if nextn and spec.nextn_tensors is not None:
         for i in range(cfg.n_layer, cfg.n_layer_all):
             out += spec.nextn_tensors(cfg, i)
+    if spec.head_tensors is not None:
+        return out + spec.head_tensors(cfg)
     out += [norm_spec("output_norm.weight", E), TensorSpec("output.weight", (E, V), "output", required=False)]
     return out

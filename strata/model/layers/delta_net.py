@@ -147,7 +147,9 @@ class DeltaNet:
         proj = b.linear(self.w_in, hn)
         pool = spans[0].cache.pool
         b.keep_replay_rows(proj, pool, layer, spans, table)  # what a cut inside this window replays
-        y = b.delta_net_window(self, proj, pool, layer, table, len(spans), True)
+        # the window kernels gate with silu; another gate runs the generic ops
+        silu = h.traits.output_gate == "silu"
+        y = b.delta_net_window(self, proj, pool, layer, table, len(spans), True) if silu else NotImplemented
         if y is NotImplemented:
             outs, off = [], 0
             for sp in spans:
@@ -155,7 +157,9 @@ class DeltaNet:
                 off += sp.count
             o = outs[0] if len(outs) == 1 else xp.concatenate(outs, axis=0)
             z = proj[:, C : C + h.value_dim].reshape(n, h.n_v_heads, h.d_state)
-            y = b.swiglu(z, b.rms_norm(o, self.norm, self.cfg.rms_eps)).reshape(n, h.value_dim)  # silu(z) * norm(o)
+            normed = b.rms_norm(o, self.norm, self.cfg.rms_eps)
+            y = b.swiglu(z, normed) if silu else normed * b.sigmoid(z)  # silu(z) * norm(o), or sigmoid(z)
+            y = y.reshape(n, h.value_dim)
         return b.linear(self.w_out, y)
 
     def replay(self, cache: Any, layer: int, proj: Any) -> None:

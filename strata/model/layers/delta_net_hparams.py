@@ -22,6 +22,9 @@ class DeltaNetTraits:
     grouped_heads: bool  # value head j reads key head j // (H_v / H_k); else j % H_k (tiled)
     fused_ba: bool  # beta and alpha come from one ssm_ba matrix, [b(r) | a(r)] per key group
     fused_qkvz: bool  # a fused ssm_in (earlier converters) may stand in for attn_qkv + attn_gate
+    # the output gate's activation on z: "silu" (Qwen3-Next, Qwen3.5) or "sigmoid" (qwen4exp,
+    # transformers models/qwen4_exp/modeling_qwen4_exp.py:499)
+    output_gate: str = "silu"
 
 
 KEYS = (
