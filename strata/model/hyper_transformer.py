@@ -5,10 +5,13 @@ layers), so that the engine, the scheduler and speculation run it unchanged.
 A window: each sequence's token ids are stored in its state (the n-gram layers read them), the
 embedding is copied into every stream (transformers models/qwen4_exp/modeling_qwen4_exp.py:1463),
 the architecture's layers run on the streams (ArchSpec.block: run(X, spans, positions, table)),
-and the head's mix (layers/hyper_connections.py) gives the (n, n_embd) rows the output projection
-reads. A sequence's state is a Qwen4ExpCache (qwen4exp_state.py): the KV cache, the Gated
-DeltaNet states, the indexer keys, the ids and the PLE history, all committed once the whole
-window has run and rolled back together. Windows run eagerly (no captured graphs).
+and the window's hidden rows are the streams after the last layer, (n, c n_embd): what the MTP
+layer reads (vLLM keeps the same "pre-final-mixer multi stream" for its drafter:
+vllm/models/qwen4_exp/nvidia/model.py, Qwen4ExpModel.forward). `logits` applies the head's mix
+(layers/hyper_connections.py) and the output projection to them. A sequence's state is a
+Qwen4ExpCache (qwen4exp_state.py): the KV cache, the Gated DeltaNet states, the indexer keys, the
+ids and the PLE history, all committed once the whole window has run and rolled back together;
+the MTP layer's is an MtpState (draft_cache). Windows run eagerly (no captured graphs).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from strata.model.layers.hparams import ModelConfig
 from strata.model.layers.hyper_connections import HyperMix
 from strata.model.layers.rope import rope_params
 from strata.model.layers.tensors import Reader, TensorLookup
-from strata.model.qwen4exp_state import Qwen4ExpCache
+from strata.model.qwen4exp_state import MtpState, Qwen4ExpCache
 from strata.model.recurrent_state import REPLAY_TOKENS, RecurrentPool, recurrent_shape
 from strata.model.transformer import Span, Transformer, advance, load_embedding, reserve
 
@@ -90,9 +93,45 @@ class HyperTransformer(Transformer):
         cache.replayer = self._replay
         return cache
 
+    # --- what a sequence keeps beside its KV cache (the engine's start-up lines) ------------
+    def _ple_bytes(self, checkpoint: bool) -> int:
+        """The PLE history (Qwen4ExpCache): the current one, the one at the window's start and
+        the next; with a checkpoint also the rows of a window short enough to be cut inside."""
+        h = self.cfg.hybrid
+        row = 4 * h.hc_count * self.cfg.n_embd
+        return (3 * h.ple_history_rows + (self.replay_tokens if checkpoint else 0)) * row if h.ple_layers else 0
+
+    def state_bytes(self, checkpoint: bool = True) -> int:
+        """Private bytes per sequence besides what grows with its length: the DeltaNet states
+        (Transformer.state_bytes) and the PLE history."""
+        return super().state_bytes(checkpoint) + self._ple_bytes(checkpoint)
+
+    def checkpoint_bytes(self) -> int:
+        return super().checkpoint_bytes() + self._ple_bytes(True) - self._ple_bytes(False)
+
+    def position_bytes(self) -> int:
+        """What one more position costs a sequence beside its KV cache: the indexer's f32 raw
+        keys in every attention layer and the token id (the n-gram context)."""
+        return 4 * self.n_attention * self.cfg.hybrid.idx_dim + 8
+
+    def state_line(self, checkpoint: bool = True) -> str:
+        """The state a slot keeps, in words (the start-up line of this family)."""
+        h, MiB = self.cfg.hybrid, float(1 << 20)
+        rec = Transformer.state_bytes(self, checkpoint)
+        return (f"{h.n_recurrent} Gated DeltaNet layers {rec / MiB:.1f} MiB, PLE history "
+                f"{self._ple_bytes(checkpoint) / 1024:.1f} KiB ({h.ple_history_rows} rows of {h.hc_count} streams); "
+                f"per position beside the KV cache of {self.n_attention} attention layers: indexer keys and the "
+                f"token id, {self.position_bytes()} bytes")
+
+    def draft_cache(self, max_ctx: int, kind: str) -> MtpState:
+        """The MTP layer's state for one sequence (its attention layer's KV and indexer keys)."""
+        c = self.cfg
+        return MtpState(self.b.xp, KVCache(self.b.xp, 1, c.n_head_kv, c.head_dim, max_ctx, kind), c.hybrid.idx_dim)
+
     def forward(self, tokens: Any, spans: Sequence[Span], logit_rows: Any = None) -> Any:
-        """Transformer.forward's contract: the head's mix (n, n_embd), or with logit_rows the
-        pair (mix, logits of those rows); every state commits once the whole window has run."""
+        """Transformer.forward's contract, where the hidden rows are the streams after the last
+        layer, (n, c n_embd) (what the MTP layer reads; `logits` mixes them), or with logit_rows
+        the pair (streams, logits of those rows); every state commits once the whole window has run."""
         b, xp = self.b, self.b.xp
         reserve(spans)
         ids = np.asarray(b.to_host(tokens), np.int64).reshape(-1)
@@ -109,13 +148,18 @@ class HyperTransformer(Transformer):
         for layer in self.layers:
             X = layer.run(X, spans, positions, table)
         b.end_blocks()
-        out = self.head_mix.read(X)[0]
         for sp in spans:
             sp.cache.commit()
         advance(spans)
+        out = X.reshape(X.shape[0], -1)
         if logit_rows is not None:
             return out, self.logits(out[xp.asarray(np.asarray(logit_rows, np.int64))])
         return out
+
+    def logits(self, hidden: Any) -> Any:
+        """The head on streams rows (n, c n_embd): its mix, then the output projection."""
+        c = self.cfg.hybrid.hc_count
+        return self.b.linear(self.output, self.head_mix.read(hidden.reshape(hidden.shape[0], c, -1))[0])
 
     def run_window(self, x: Any, spans: Sequence[Span], kv_spans: Sequence[Span] | None = None,
                    table: Any = None) -> Any:

@@ -138,3 +138,42 @@ class Qwen4ExpCache(HybridCache):
     @property
     def nbytes(self) -> int:
         return super().nbytes + self.index.nbytes + self.ids.nbytes + 3 * int(self.ple_hist.nbytes)
+
+
+class MtpState:
+    """What the MTP layer (archs/qwen4exp.py MtpLayer) keeps per sequence: its one attention
+    layer's KV cache and indexer keys, both rows per position, so a cut only forgets positions
+    (no recurrent state, no n-gram layer). The draft's cache, as DraftState.cache holds it."""
+
+    def __init__(self, xp: Any, kv: KVCache, index_dim: int):
+        self.xp, self.kv = xp, kv
+        self.index = PerPosition(xp, 1, index_dim, xp.float32)
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @length.setter
+    def length(self, n: int) -> None:
+        self.kv.length = n
+
+    def ensure(self, end: int) -> None:
+        self.kv.ensure(end)
+        self.index.ensure(end)
+
+    def write_index_keys(self, layer: int, start: int, keys: Any) -> None:
+        self.index.ensure(start + keys.shape[0])
+        self.index.arrays[layer][start : start + keys.shape[0]] = keys
+
+    def index_keys(self, layer: int, end: int) -> Any:
+        return self.index.arrays[layer][:end]
+
+    def truncate(self, n: int) -> None:
+        self.kv.truncate(n)
+
+    def reset(self) -> None:
+        self.kv.reset()
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.index.nbytes

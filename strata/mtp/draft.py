@@ -5,7 +5,12 @@ Weights are loaded once and shared by every slot (`DraftModel`); each slot owns 
 yet). The draft's block input for token x_p is
     eh_proj([enorm(embed(x_p)); hnorm(h_{p-1})])
 where h_{p-1} is the main model's final-normed hidden state at position p-1. Its output,
-through `output_norm` and the main model's output head, predicts x_{p+1}.
+through `output_norm` and the main model's output head, predicts x_{p+1} (NextnNet).
+
+A target on hyper-connection streams (qwen4exp) has an MTP layer of its own kind (StreamsNet:
+the architecture's MtpLayer reads the streams h_{p-1} (c n_embd wide) and hands the next draft
+step its own streams); its tensors may come under any writer's names (NAME_MAPS,
+strata/pack/mtp_names.py) and are read under one.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from typing import Any
 from strata.backend.base import Backend
 from strata.errors import StrataError
 from strata.kernels.ggml_types import BY_NAME
+from strata.model.archs import ARCHS
 from strata.model.config import ModelConfig
 from strata.model.kv_cache import KVCache
 from strata.model.layers.block import WindowView
 from strata.model.layers.tensors import expect
 from strata.model.transformer import Span, advance
+from strata.pack.mtp_names import canonical_tensors
 
 NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 
@@ -92,7 +99,7 @@ def find_draft(mtp: str | None, pack, label: str | None = None) -> DraftSource |
             raise StrataError(f"{label}: no such file or directory")
         dp = open_pack(pack=str(p))
         checked_draft_values(f"{label}: ", dp.metadata, dp.metadata_types, pack)
-        nextn = _nextn_source(dp.tensors, f"{label} (nextn layer {{n}})")
+        nextn = _nextn_source(dp.tensors, f"{label} (nextn layer {{n}})", label, _arch(pack), mtp_only=True)
         if nextn is not None:  # an MTP-only GGUF, as llama.cpp's converter writes it
             return nextn
         tensors = {k: v for k, v in dp.tensors.items() if k.startswith("mtp.")}
@@ -100,11 +107,37 @@ def find_draft(mtp: str | None, pack, label: str | None = None) -> DraftSource |
             raise StrataError(f"{label}: no MTP draft tensors (neither mtp.eh_proj.weight "
                               f"nor blk.N.nextn.eh_proj.weight)")
         return DraftSource(tensors, dict(_FILE_NAMES), "mtp.blk.", label)
-    return _nextn_source(pack.tensors, "nextn layer {n} of the pack")
+    return _nextn_source(pack.tensors, "nextn layer {n} of the pack", f"pack {pack.label}", _arch(pack),
+                         mtp_only=False)
 
 
-def _nextn_source(all_tensors: dict[str, Any], label: str) -> DraftSource | None:
-    """The first nextn layer's tensors (blk.N.*, N its index), or None without one."""
+# by the target's residual (ArchSpec.residual_streams): the map of a file's MTP names onto the
+# one layout read, where several writers name that layer's tensors differently ((tensors, label,
+# mtp_only) -> (block N, {canonical name: tensor}) or None); None: the nextn names as they are
+NAME_MAPS = {False: None, True: canonical_tensors}
+
+
+def _arch(pack: Any) -> str | None:
+    return pack.metadata.get("general.architecture")
+
+
+def _name_map(arch: str | None):
+    spec = ARCHS.get(arch or "")
+    return NAME_MAPS[spec is not None and spec.residual_streams]
+
+
+def _nextn_source(all_tensors: dict[str, Any], label: str, where: str, arch: str | None, *,
+                  mtp_only: bool) -> DraftSource | None:
+    """The first nextn layer's tensors (blk.N.*, N its index), or None without one; where the
+    architecture has a NAME_MAPS entry, under the canonical names (errors name `where`)."""
+    mapper = _name_map(arch)
+    if mapper is not None:
+        found = mapper(all_tensors, where, mtp_only=mtp_only)
+        if found is None:
+            return None
+        n, tensors = found
+        return DraftSource(tensors, {k: v.format(n=n) for k, v in _NEXTN_NAMES.items()}, f"blk.{n}.",
+                           label.format(n=n))
     layers = sorted({int(m.group(1)) for name in all_tensors if (m := NEXTN.match(name))})
     if not layers:
         return None
@@ -115,13 +148,12 @@ def _nextn_source(all_tensors: dict[str, Any], label: str) -> DraftSource | None
     return DraftSource(tensors, names, prefix, label.format(n=n))
 
 
-class DraftModel:
-    """Shared draft weights + the ops to run them for one slot at a time."""
+class NextnNet:
+    """A nextn draft (module doc): input norms and eh_proj on one vector per position, the
+    architecture's draft block, the head norm; the target's head."""
 
     def __init__(self, backend: Backend, cfg: ModelConfig, src: DraftSource, target: Any):
-        self.b = backend
-        self.src = src
-        self.target = target
+        self.b, self.target = backend, target
         E = cfg.n_embd
 
         def need(role: str, shape):
@@ -138,8 +170,81 @@ class DraftModel:
         else:
             self.output_norm = backend.vector(need("output_norm", (E,)))
         # the draft's block, built by the target's architecture from its own layers (a nextn
-        # layer: gated attention with the target's FFN); window graphs where the target's take them
+        # layer: gated attention with the target's FFN)
         self.cfg, self.layer = target.draft_parts(cfg, src.get, src.block_prefix)
+
+    def block_out(self, tokens: Any, hidden: Any, spans: list[Span]) -> Any:
+        """The block output rows (pre-norm) of a window."""
+        b, c, xp = self.b, self.cfg, self.b.xp
+        e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
+        h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
+        x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
+        x, y = self.layer.run(x, None, WindowView(spans, spans, b.begin_window(spans)))
+        return x + y
+
+    def finish(self, rows: Any) -> tuple[Any, Any]:
+        """Block output rows -> (the next step's hidden, the head's input): both the normed rows."""
+        normed = self.b.rms_norm(rows, self.output_norm, self.cfg.rms_eps)
+        return normed, normed
+
+    def logits(self, x: Any) -> Any:
+        return self.target.logits(x)
+
+    def new_cache(self, max_ctx: int, kind: str) -> KVCache:
+        c = self.cfg
+        return KVCache(self.b.xp, 1, c.n_head_kv, c.head_dim, max_ctx, kind)
+
+    def state_bytes(self, max_ctx: int, kind: str) -> int:
+        """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""
+        c = self.cfg
+        per_tok = 2 * c.n_head_kv * c.head_dim * (2 if kind == "f16" else 1)
+        if kind == "int8":
+            per_tok += 2 * c.n_head_kv * 4
+        buffers = 4 * (3 * c.n_embd + self.target.n_vocab) * 8  # per-step activations, logits
+        return per_tok * max_ctx + buffers
+
+
+class StreamsNet:
+    """The MTP layer of an architecture on hyper-connection streams (ArchSpec.residual_streams,
+    qwen4exp): the architecture's draft block is the whole layer (archs/qwen4exp.py MtpLayer:
+    its input projection, decoder layer and exit mixer, with its own state); it reads the
+    target's streams (the target's hidden rows) and hands its own to the next step."""
+
+    def __init__(self, backend: Backend, cfg: ModelConfig, src: DraftSource, target: Any):
+        self.b, self.target = backend, target
+        self.cfg, self.mtp = target.draft_parts(cfg, src.get, src.block_prefix)
+
+    def block_out(self, tokens: Any, hidden: Any, spans: list[Span]) -> Any:
+        b = self.b
+        return self.mtp.block_out(b.embed(self.target.embd, tokens), hidden, spans, b.begin_window(spans))
+
+    def finish(self, rows: Any) -> tuple[Any, Any]:
+        return self.mtp.finish(rows)
+
+    def logits(self, x: Any) -> Any:
+        return self.b.linear(self.target.output, x)
+
+    def new_cache(self, max_ctx: int, kind: str) -> Any:
+        return self.target.draft_cache(max_ctx, kind)
+
+    def state_bytes(self, max_ctx: int, kind: str) -> int:
+        return self.mtp.state_bytes(max_ctx, kind)
+
+
+# the draft's network by the target's residual (ArchSpec.residual_streams)
+NETS = {False: NextnNet, True: StreamsNet}
+
+
+class DraftModel:
+    """Shared draft weights + the ops to run them for one slot at a time."""
+
+    def __init__(self, backend: Backend, cfg: ModelConfig, src: DraftSource, target: Any):
+        self.b = backend
+        self.src = src
+        self.target = target
+        self.net = NETS[target.spec.residual_streams](backend, cfg, src, target)
+        self.cfg = self.net.cfg
+        # window graphs where the target's take them
         self.graphs = backend.graphs if target.draft_graphable else None
         # A draft vocabulary narrows the shared head to its tokens where the backend asks for it
         # (the CPU, where the head is ~20% of a target step; on the GPU it is a few us of a
@@ -147,9 +252,8 @@ class DraftModel:
         self.vocab = draft_vocab(src, target.n_vocab)
         self.head_subset = backend.head_columns(target.output, self.vocab) if self.vocab is not None else None
 
-    def new_cache(self, max_ctx: int, kind: str) -> KVCache:
-        c = self.cfg
-        return KVCache(self.b.xp, 1, c.n_head_kv, c.head_dim, max_ctx, kind)
+    def new_cache(self, max_ctx: int, kind: str) -> Any:
+        return self.net.new_cache(max_ctx, kind)
 
     def _prepare(self, items: list[tuple[KVCache, Any, Any]]):
         """Tokens (host), main hiddens (device) and spans of a draft window; caches get room."""
@@ -162,13 +266,8 @@ class DraftModel:
         return tokens, hidden, spans
 
     def _block_out(self, tokens: Any, hidden: Any, spans: list[Span]) -> Any:
-        """The draft's device work for a window: block output rows (pre-norm)."""
-        b, c, xp = self.b, self.cfg, self.b.xp
-        e = b.rms_norm(b.embed(self.target.embd, tokens), self.enorm, c.rms_eps)
-        h = b.rms_norm(hidden, self.hnorm, c.rms_eps)
-        x = b.linear(self.eh_proj, xp.concatenate([e, h], axis=1))
-        x, y = self.layer.run(x, None, WindowView(spans, spans, b.begin_window(spans)))
-        return x + y
+        """The draft's device work for a window: block output rows (before `finish`)."""
+        return self.net.block_out(tokens, hidden, spans)
 
     def _run(self, items: list[tuple[KVCache, Any, Any]]) -> Any:
         """One draft forward over several slots: items are (cache, tokens (m,), main hiddens (m, E)).
@@ -184,7 +283,7 @@ class DraftModel:
         """Logits of the draft's rows through the shared output head: all of them, or (a
         narrowed head) its vocabulary's, the other tokens at -inf so they are never proposed."""
         if self.head_subset is None:
-            return self.target.logits(normed)
+            return self.net.logits(normed)
         xp = self.b.xp
         full = xp.full((normed.shape[0], self.target.n_vocab), -xp.inf, dtype=xp.float32)
         full[:, self.vocab] = self.b.linear(self.head_subset, normed)
@@ -193,16 +292,17 @@ class DraftModel:
     def step(self, cache: KVCache, tokens: Any, hidden: Any):
         """Append draft entries for `tokens` (m,) with main hiddens `hidden` (m, E) (h_{p-1} per x_p).
 
-        Returns (draft hidden (m, E), logits (m, vocab)) for every row.
+        Returns (draft hidden (m, E), logits (m, vocab)) for every row (a draft on streams:
+        its streams (m, c E)).
         """
-        normed = self.b.rms_norm(self._run([(cache, tokens, hidden)]), self.output_norm, self.cfg.rms_eps)
-        return normed, self.head(normed)
+        carry, head_in = self.net.finish(self._run([(cache, tokens, hidden)]))
+        return carry, self.head(head_in)
 
     def last_rows(self, tokens: Any, hidden: Any, ends: Any, spans: list[Span], full: bool = True):
         out = self._block_out(tokens, hidden, spans)
-        normed = self.b.rms_norm(out[ends], self.output_norm, self.cfg.rms_eps)
-        logits = self.head(normed)
-        return (normed, logits) if full else (normed, *self.b.top_rows(logits))
+        carry, head_in = self.net.finish(out[ends])
+        logits = self.head(head_in)
+        return (carry, logits) if full else (carry, *self.b.top_rows(logits))
 
     def step_last(self, items: list[tuple[KVCache, Any, Any]], full: bool = True):
         """Like step, batched over slots, but only each item's last row goes through the head.
@@ -269,10 +369,5 @@ class DraftModel:
         return b.to_host(ids), b.to_host(top)
 
     def state_bytes(self, max_ctx: int, kind: str) -> int:
-        """Private bytes per slot at full context: the draft KV cache (1 layer) + buffers."""
-        c = self.cfg
-        per_tok = 2 * c.n_head_kv * c.head_dim * (2 if kind == "f16" else 1)
-        if kind == "int8":
-            per_tok += 2 * c.n_head_kv * 4
-        buffers = 4 * (3 * c.n_embd + self.target.n_vocab) * 8  # per-step activations, logits
-        return per_tok * max_ctx + buffers
+        """Private bytes per slot at full context: the draft's cache + buffers."""
+        return self.net.state_bytes(max_ctx, kind)

@@ -46,16 +46,22 @@ the rest of the pack.
 
 `map_mtp_names` reads a file's tensor names into the canonical ones; an unknown name, two
 names for one tensor, names of two layouts in one file, or a missing one is one line naming the
-file and the tensor.
+file and the tensor. `canonical_tensors` gives the tensors themselves under the canonical names,
+the split projection's halves joined into one eh_proj (JoinedColumns), as the draft loads them
+(strata/mtp/draft.py).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from strata.errors import StrataError
+from strata.kernels.ggml_types import type_by_id
 
 EMBED, HIDDEN = "embed", "hidden"  # the halves of the input projection: its input columns [0, E) and [E, 2E)
 EH_PROJ = "nextn.eh_proj.weight"
@@ -243,3 +249,59 @@ def _describe(target: tuple[str, str | None]) -> str:
 def _aliases_of(suffix: str) -> str:
     others = sorted(n for n, ((s, _), _) in _ALIASES.items() if s == suffix and n != suffix)
     return f" (or {', '.join(others)})" if others else ""
+
+
+@dataclass(frozen=True)
+class JoinedColumns:
+    """Two [E, O] tensors of one type seen as one [2E, O]: each output row the first's row, then
+    the second's (a split input projection as the fused eh_proj, embedding half first). Rows of
+    whole blocks join byte-wise, whatever the type."""
+
+    first: Any
+    second: Any
+    name: str
+
+    @property
+    def ggml_type(self) -> int:
+        return self.first.ggml_type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (2 * int(self.first.shape[0]), *map(int, self.first.shape[1:]))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.first.nbytes) + int(self.second.nbytes)
+
+    def data(self) -> np.ndarray:
+        rows = int(np.prod(self.first.shape[1:]))
+        a = np.asarray(self.first.data()).reshape(rows, -1)
+        b = np.asarray(self.second.data()).reshape(rows, -1)
+        return np.ascontiguousarray(np.concatenate([a, b], axis=1)).reshape(-1)
+
+
+def _type_name(t: Any) -> str:
+    known = type_by_id(t.ggml_type)
+    return known.name if known is not None else f"type {t.ggml_type}"
+
+
+def _joined(tensors: Mapping[str, Any], halves: dict[str, str], name: str, label: str) -> JoinedColumns:
+    first, second = tensors[halves[EMBED]], tensors[halves[HIDDEN]]
+    if first.ggml_type != second.ggml_type or tuple(first.shape) != tuple(second.shape) or len(first.shape) != 2:
+        raise StrataError(f"{label}: tensors {halves[EMBED]} and {halves[HIDDEN]} (the halves of the input "
+                          f"projection) must be 2-D of one type and shape, found {_type_name(first)} "
+                          f"{list(first.shape)} and {_type_name(second)} {list(second.shape)}")
+    return JoinedColumns(first, second, name)
+
+
+def canonical_tensors(tensors: Mapping[str, Any], label: str, *, mtp_only: bool) -> tuple[int, dict[str, Any]] | None:
+    """The MTP layer of a file (map_mtp_names) as (block N, {canonical name: tensor}), names
+    under "blk.N.", a split input projection joined into one eh_proj; None: no MTP layer (a pack)."""
+    found = map_mtp_names(tensors, label, mtp_only=mtp_only)
+    if found is None:
+        return None
+    prefix = f"blk.{found.block}."
+    out = {prefix + suffix: tensors[name] for suffix, name in {**found.nextn, **found.layer}.items()}
+    if found.eh_proj_halves:
+        out[prefix + EH_PROJ] = _joined(tensors, found.eh_proj_halves, prefix + EH_PROJ, label)
+    return found.block, out

@@ -4,6 +4,7 @@ architecture's layers (strata/model/archs/), and the test model's tokenizer."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +110,8 @@ def arch_metadata(spec: SynthSpec, *, nextn: bool = True) -> list[tuple[str, obj
     elif arch.recurrent:
         meta += ffn_length
     if arch.synth_keys is not None:
-        meta += [(f"{a}.{key}", value, vtype) for key, value, vtype in arch.synth_keys(spec)]
+        # (keys with one entry per block count this file's nextn layers only)
+        meta += [(f"{a}.{key}", value, vtype) for key, value, vtype in arch.synth_keys(replace(spec, nextn=n_nextn))]
     return meta
 
 

@@ -31,7 +31,8 @@ SYNTH_PROMPTS = ([1, 504, 2821, 314, 1115, 30, 1826, 3012, 42, 260, 3777],
 MODEL_TEXTS = ("Name three rivers in Europe.", "Write a Python function that reverses a list.")
 
 SYNTH_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp")
-HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")  # their tiny packs carry a nextn layer: a draft
+# their tiny packs carry a nextn (MTP) layer: a draft
+DRAFTED_ARCHS = ("qwen35", "qwen35moe", "qwen3next", "qwen4exp")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Case:
 # qwen4exp runs on the numpy ops of the backend seam only: its CUDA kernels (indexer selection,
 # n-gram gather, stream mixes) are not written, so it has no CUDA record yet
 CPU_ONLY_ARCHS = ("qwen4exp",)
-CASES = ([Case(f"tiny-{a}", f"tiny:{a}", a in HYBRID_ARCHS, ("cpu",) if a in CPU_ONLY_ARCHS else ("cpu", "cuda"))
+CASES = ([Case(f"tiny-{a}", f"tiny:{a}", a in DRAFTED_ARCHS, ("cpu",) if a in CPU_ONLY_ARCHS else ("cpu", "cuda"))
           for a in SYNTH_ARCHS]
          + [Case("seed-moe", "seed-moe", True), Case("model", "model", True)])
 
