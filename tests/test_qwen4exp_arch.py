@@ -208,3 +208,23 @@ def test_sequences_batched_in_one_window_equal_each_alone(pack, records):
     step = m.forward(np.asarray([5, 6]), [Span(ca, 50, 1), Span(cc, 40, 1)], logit_rows=[0, 1])[1]
     assert np.array_equal(step[0], m.forward(np.asarray([5]), [Span(sa, 50, 1)], logit_rows=[0])[1][0])
     assert np.array_equal(step[1], m.forward(np.asarray([6]), [Span(sc, 40, 1)], logit_rows=[0])[1][0])
+
+
+def test_an_embedding_request_averages_the_heads_mix_of_the_streams(pack):
+    """An embedding is the mean of what the head reads (the mix of the four streams, n_embd wide),
+    L2-normalised, as for every other family."""
+    from strata.protocol import GenerationRequest, SamplingParams
+    from tests.support.engines import load_engine
+
+    core, _ = load_engine(["--pack", str(GGUF), "--device", "cpu"])
+    ids = list(range(3, 43))
+    m = _model(pack)
+    streams = m.forward(np.asarray(ids), [Span(m.new_cache(64, "f16"), 0, len(ids))])
+    want = np.asarray(m.head_input(streams), np.float64).mean(axis=0)
+    want /= np.linalg.norm(want)
+    handle = core.submit(GenerationRequest(ids, SamplingParams(max_tokens=1), embed=True))
+    core.scheduler.run_until_idle()
+    fin = handle.collect(10)[2]
+    v = np.asarray(fin.embedding)
+    assert v.shape == (pack.model_config().n_embd,) and fin.reason == "stop"
+    assert float(v @ want) > 1 - 1e-6

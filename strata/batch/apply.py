@@ -63,9 +63,11 @@ class WindowApply:
             self._fused_after(e.slot, keep, hidden, w.draft_out, *w.fuse_at[e.slot.index])
 
     def _embed_chunk(self, s: Slot, hidden: Any) -> None:
-        """An embedding request adds its chunk's hiddens; after the last chunk it ends with their
+        """An embedding request adds its chunk's hiddens as the head reads them (model.head_input:
+        final-normed rows, or a mix of residual streams); after the last chunk it ends with their
         mean, L2-normalised (float64 on the host: one vector)."""
-        s.embed_sum = s.embed_sum + hidden.astype(self.model.b.xp.float32).sum(axis=0)
+        rows = self.model.head_input(hidden)
+        s.embed_sum = s.embed_sum + rows.astype(self.model.b.xp.float32).sum(axis=0)
         if s.prefilling:
             return
         v = np.asarray(self.model.b.to_host(s.embed_sum), dtype=np.float64) / max(1, len(s.prompt))

@@ -158,8 +158,13 @@ class HyperTransformer(Transformer):
 
     def logits(self, hidden: Any) -> Any:
         """The head on streams rows (n, c n_embd): its mix, then the output projection."""
+        return self.b.linear(self.output, self.head_input(hidden))
+
+    def head_input(self, hidden: Any) -> Any:
+        """The head's mix of the streams rows (n, c n_embd) -> (n, n_embd): what the output
+        projection reads and what an embedding request averages."""
         c = self.cfg.hybrid.hc_count
-        return self.b.linear(self.output, self.head_mix.read(hidden.reshape(hidden.shape[0], c, -1))[0])
+        return self.head_mix.read(hidden.reshape(hidden.shape[0], c, -1))[0]
 
     def run_window(self, x: Any, spans: Sequence[Span], kv_spans: Sequence[Span] | None = None,
                    table: Any = None) -> Any:

@@ -236,6 +236,11 @@ class Transformer:
     def logits(self, hidden: Any) -> Any:
         return self.b.linear(self.output, hidden)
 
+    def head_input(self, hidden: Any) -> Any:
+        """What the output head reads from forward's hidden rows (n, n_embd): the rows themselves,
+        already final-normed (an embedding request averages these)."""
+        return hidden
+
     # --- the MTP draft (strata.mtp.draft) ---------------------------------------------------
     def draft_parts(self, cfg: ModelConfig, get: TensorLookup, prefix: str) -> tuple[ModelConfig, Block]:
         """An MTP draft's block, built by this architecture from the same layers as its own
