@@ -375,3 +375,28 @@ def test_the_state_a_slot_keeps(packs):
     assert "PLE history" in m.state_line() and "indexer keys" in m.state_line()
     per_position = 2 * c.n_head_kv * c.head_dim * 2 + 4 * h.idx_dim
     assert d.state_bytes(1000, "f16") - d.state_bytes(0, "f16") == 1000 * per_position
+
+
+def test_compress_ratios_without_the_mtp_layers_entry_take_the_trunks():
+    """A converter may write compress_ratios for the trunk only beside an MTP layer counted in
+    block_count: the MTP layer then takes the trunk's ratio; any other length is one line."""
+    from strata.errors import StrataError
+    from strata.model.config import config_from_metadata
+    from strata.pack.loader import open_pack
+
+    md = dict(open_pack(pack="tests/data/qwen4exp/qwen4exp-tiny-f16.gguf").metadata)
+    ratios = list(md["qwen4exp.attention.compress_ratios"])
+    rec = list(md["qwen4exp.attention.recurrent_layers"])
+    n = md["qwen4exp.block_count"]
+
+    def config(extra_ratios, blocks):
+        m = {**md, "qwen4exp.block_count": n + blocks, "qwen4exp.nextn_predict_layers": 1,
+             "qwen4exp.attention.compress_ratios": ratios + extra_ratios,
+             "qwen4exp.attention.recurrent_layers": rec + [False] * blocks}
+        return config_from_metadata(m, label="p")
+
+    trunk = next(r for r, r_rec in zip(ratios, rec) if not r_rec and r)
+    assert config([], 1).hybrid.nextn_ratio == trunk
+    assert config([2], 1).hybrid.nextn_ratio == 2
+    with pytest.raises(StrataError, match=r"compress_ratios: must have one entry per block \(10 in block_count, or 9"):
+        config([], 2)

@@ -45,9 +45,14 @@ KEYS = (
     Key("attention.compress_ratios", Kind.COUNTS, required=True),
 )
 RELATIONS = (
+    # one entry per block; a file with MTP layers may leave theirs out (a converter that writes
+    # only the trunk's list): those layers then take the trunk's ratio
     Relation("attention.compress_ratios", ("attention.compress_ratios", "block_count"),
-             lambda v: len(v["attention.compress_ratios"]) == v["block_count"],
-             lambda v: f"must have one entry per block ({v['block_count']} in block_count)"),
+             lambda v: len(v["attention.compress_ratios"]) in
+             (v["block_count"], v["block_count"] - (v.get("nextn_predict_layers") or 0)),
+             lambda v: f"must have one entry per block ({v['block_count']} in block_count"
+                       + (f", or {v['block_count'] - v['nextn_predict_layers']} without the MTP layers)"
+                          if v.get("nextn_predict_layers") else ")")),
     Relation("attention.compress_ratios", ("attention.compress_ratios", "attention.indexer.top_k"), _ratios_fit,
              lambda v: f"must be 0 (dense) or divide attention.indexer.top_k ({v['attention.indexer.top_k']})"),
     Relation("attention.indexer.key_length", ("attention.indexer.key_length", "rope.dimension_count"),
