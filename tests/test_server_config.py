@@ -57,6 +57,16 @@ def test_absolute_and_windows_paths_stay(tmp_path):
     assert cfg.args == ["--pack", "/abs/p", "--mtp=D:\\m"]
 
 
+def test_shard_names_go_to_the_pack_folder_when_there_else_to_the_config_folder(tmp_path):
+    pack = tmp_path / "packs" / "iq3_s"
+    pack.mkdir(parents=True)
+    (pack / "M-00001-of-00002.gguf").write_bytes(b"")
+    args = ["--pack", "packs/iq3_s", "--native", "M-00001-of-00002.gguf", "--ple-gguf=M-00002-of-00002.gguf"]
+    cfg = config_from_dict({"args": args}, base_dir=tmp_path)
+    assert cfg.args == ["--pack", str(pack), "--native", str(pack / "M-00001-of-00002.gguf"),
+                        f"--ple-gguf={tmp_path / 'M-00002-of-00002.gguf'}"]  # not in the pack folder
+
+
 def test_defaults_serve_the_bundled_model_on_localhost():
     cfg = load_config(None)
     assert (cfg.host, cfg.port, cfg.args, cfg.engine_parallel()) == ("127.0.0.1", 8080, [], 1)

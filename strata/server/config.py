@@ -30,7 +30,11 @@ _VALID_ESCAPES = set('"\\/bfnrtu')
 _RAW_DRIVE_PATH = re.compile(r"^[A-Za-z]:\\(?!\\)")
 
 # engine flags whose values are paths; relative ones are taken from the config file's folder
-PATH_FLAGS = ("--pack", "--mtp", "--ple-gguf", "--expert-profile")
+PATH_FLAGS = ("--pack", "--mtp", "--expert-profile")
+# shard names, which the loader looks for in the --pack folder first (the report's config names
+# bare shard files beside a --pack folder): made absolute against that folder when the file is
+# there, else against the config's folder like the other paths
+PACK_RELATIVE_FLAGS = ("--native", "--ple-gguf")
 # engine flags `strata serve` sets itself
 SERVE_OWNED_FLAGS = ("--host", "--port", "--api-key")
 
@@ -267,17 +271,35 @@ def _describe(e: dict) -> str:
 
 
 def absolute_paths(args: list[str], base: Path) -> list[str]:
-    out = list(args)
+    """The config's path flags made absolute (the engine child runs in another folder)."""
+    out = _absolute(list(args), PATH_FLAGS, lambda val: base)
+    pack = _flag_value(out, "--pack")
+    pack_dir = Path(pack) if pack and Path(pack).is_dir() else None
+    return _absolute(out, PACK_RELATIVE_FLAGS,
+                     lambda val: pack_dir if pack_dir is not None and (pack_dir / val).exists() else base)
+
+
+def _absolute(out: list[str], flags: tuple[str, ...], base_for) -> list[str]:
     for i, a in enumerate(out):
         flag, eq, val = a.partition("=")
-        if flag not in PATH_FLAGS:
+        if flag not in flags:
             continue
         if eq:
             if val and not _is_absolute(val):
-                out[i] = f"{flag}={base / val}"
+                out[i] = f"{flag}={base_for(val) / val}"
         elif i + 1 < len(out) and not _is_absolute(out[i + 1]) and not out[i + 1].startswith("--"):
-            out[i + 1] = str(base / out[i + 1])
+            out[i + 1] = str(base_for(out[i + 1]) / out[i + 1])
     return out
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The last value given to flag (as --flag V or --flag=V), or None."""
+    value = None
+    for i, a in enumerate(args):
+        name, eq, val = a.partition("=")
+        if name == flag:
+            value = val if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value
 
 
 def _is_absolute(p: str) -> bool:

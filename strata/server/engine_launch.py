@@ -57,7 +57,7 @@ def absolute_paths(args: list[str], base: Path) -> list[str]:
     package's folder (package_root), not the user's."""
     from strata.server import config
 
-    if not any(a.partition("=")[0] in config.PATH_FLAGS for a in args):
+    if not any(a.partition("=")[0] in config.PATH_FLAGS + config.PACK_RELATIVE_FLAGS for a in args):
         return list(args)
     return config.absolute_paths(args, base)
 
