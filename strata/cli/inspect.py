@@ -1,5 +1,6 @@
-"""`strata inspect PACK [--json]`: a pack's tensors grouped by role and type, its metadata, and
-whether the engine would load it.
+"""`strata inspect PACK [--json]`: a pack's tensors grouped by role and type, its metadata (the
+common keys, then every key of its architecture's own table that the pack sets: strata/model/
+archs/), and whether the engine would load it.
 
 The check is the engine's own load check (Pack.model_config: the metadata key table and every
 tensor the architecture reads; then the tokenizer and the chat template as the engine builds
@@ -14,10 +15,12 @@ import json
 import sys
 
 from strata.errors import StrataError
+from strata.model.archs import ARCHS
 from strata.pack.loader import open_pack
 from strata.pack.summary import group_by_role, group_by_type, metadata_summary
 
 MIB = 2**20
+SHOWN_ENTRIES = 8  # an array key's values printed before "... (N entries)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,12 +51,32 @@ def _check(pack) -> tuple[str | None, StrataError | None]:
             f"{len(pack.tensors)} tensors, {pack.total_bytes / MIB:.1f} MiB)"), None
 
 
+def arch_keys(metadata) -> dict:
+    """key name (without the arch prefix) -> value, for each key of the architecture's own table
+    (ArchSpec.keys) the pack sets, in the table's order; arrays as lists."""
+    arch = metadata.get("general.architecture")
+    spec = ARCHS.get(arch) if isinstance(arch, str) else None
+    out = {}
+    for key in spec.keys if spec is not None else ():
+        value = metadata.get(key.full_name(arch))
+        if value is not None:
+            out[key.name] = value.tolist() if hasattr(value, "tolist") else value
+    return out
+
+
+def _key_text(value) -> str:
+    if not isinstance(value, list) or len(value) <= SHOWN_ENTRIES:
+        return str(value)
+    return "[" + ", ".join(str(v) for v in value[:SHOWN_ENTRIES]) + f", ...] ({len(value)} entries)"
+
+
 def _report(pack) -> dict:
     infos = list(pack.tensors.values())
     return {
         "files": [str(f.path) for f in pack.files],
         "gguf_versions": [f.version for f in pack.files],
         "metadata": metadata_summary(pack.metadata),
+        "arch_keys": arch_keys(pack.metadata),
         "total_bytes": pack.total_bytes,
         "tensor_count": len(infos),
         "roles": [g.as_dict() for g in group_by_role(infos)],
@@ -80,6 +103,12 @@ def _print_text(pack, show_tensors: bool) -> None:
     print("\nmetadata")
     for key, value in metadata_summary(pack.metadata).items():
         print(f"  {key:<20} {value}")
+    own = arch_keys(pack.metadata)
+    if own:
+        print(f"\n{pack.metadata['general.architecture']} keys")
+        width = max(len(k) for k in own)
+        for key, value in own.items():
+            print(f"  {key:<{width}}  {_key_text(value)}")
     groups = group_by_role(infos)
     width = max((len(g.role) for g in groups), default=10)
     print(f"\ntensors by role ({len(infos)} tensors, {pack.total_bytes / MIB:.1f} MiB)")

@@ -131,6 +131,14 @@ def _type_name(type_id: int) -> str:
     return t.name if t else f"unknown type {type_id}"
 
 
+# tensors read by row or by tap, never as a mat-vec (name suffix -> op)
+NOT_MATVEC = {
+    "ssm_conv1d.weight": "elementwise",  # a DeltaNet layer's conv taps (F32), read by the conv kernel
+    "ple_conv1d.weight": "elementwise",  # the n-gram layer's dilated depthwise conv taps
+    "per_layer_token_embd.weight": "lookup",  # the n-gram table: 16 rows gathered per token by hash
+}
+
+
 def _op_of(name: str, shape: Sequence[int], has_output_head: bool) -> str:
     """How the engine uses the tensor: only mat-vecs need a native kernel."""
     dims = [d for d in shape]
@@ -138,9 +146,7 @@ def _op_of(name: str, shape: Sequence[int], has_output_head: bool) -> str:
         return "elementwise"  # norms, biases, scales: read whole, no mat-vec
     if name.startswith("token_embd") and has_output_head:
         return "lookup"  # rows gathered by token id; tied embeddings are also the output head
-    if name.endswith("ssm_conv1d.weight"):
-        return "elementwise"  # a DeltaNet layer's conv taps (F32), read by the conv kernel, not a mat-vec
-    return "matvec"
+    return next((op for suffix, op in NOT_MATVEC.items() if name.endswith(suffix)), "matvec")
 
 
 def _classify(table: NativeTable, backend: str, type_id: int, op: str, ncols: int,

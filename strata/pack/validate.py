@@ -13,14 +13,23 @@ def _fmt(shape: Iterable[int]) -> str:
 
 
 def check_shape(pack, name: str, expected_ne: tuple[int, ...]):
-    """The tensor (ggml order shape) must match what the metadata implies; returns it."""
+    """The tensor (ggml order shape) must match what the metadata implies; returns it. Trailing
+    dimensions of 1 do not count: ggml's shapes are padded with 1s, and llama-quantize writes
+    an [E, 1] tensor back as [E]."""
     info = pack.tensor(name)
-    if tuple(info.shape) != tuple(int(d) for d in expected_ne):
+    if _squeezed(info.shape) != _squeezed(expected_ne):
         raise StrataError(
             f"pack {pack.label}: tensor {name} has shape {_fmt(info.shape)} "
             f"but the metadata implies {_fmt(expected_ne)}"
         )
     return info
+
+
+def _squeezed(ne) -> tuple[int, ...]:
+    dims = [int(d) for d in ne]
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    return tuple(dims)
 
 
 def check_arch(arch: str | None, supported: Iterable[str]) -> str:

@@ -15,6 +15,9 @@ unpacked sdist (`pip download --no-deps --no-binary :all: llama-cpp-python==0.3.
         --reuse-seeds tests/data/qwen4exp/meta.json
     # llama.cpp's records only (llama-cpp-python 0.3.36 installed)
     python3 -m tests.support.qwen4exp_oracle --out tests/data/qwen4exp --llamacpp-only
+    # the IQ3_S copy llama-quantize makes of the F16 file, and gguf-py's reading of its weights
+    python3 -m tests.support.qwen4exp_oracle --out tests/data/qwen4exp --quantized \
+        --llama-cpp /path/to/llama_cpp_python-0.3.36/vendor/llama.cpp
 
 Design choices:
 - Every weight is drawn by numpy's PCG64 from `WEIGHT_SEED`, in sorted parameter-name order, and
@@ -687,7 +690,15 @@ def main(argv: list[str] | None = None) -> int:
                     "(made in a temporary folder when converting)")
     ap.add_argument("--llamacpp-only", action="store_true",
                     help="only (re)record llama.cpp's logits from the stored records and GGUF")
+    ap.add_argument("--quantized", action="store_true",
+                    help=f"only (re)make {QUANTIZED_NAME} with llama-quantize's rules and its fingerprints "
+                         "(needs llama-cpp-python 0.3.36 and --llama-cpp for gguf-py)")
     args = ap.parse_args(argv)
+    if args.quantized:
+        if args.llama_cpp is None:
+            ap.error("--quantized needs --llama-cpp (its gguf-py dequantizes the weights)")
+        write_quantized(args.out, args.llama_cpp)
+        return 0
     if args.llamacpp_only:
         write_llamacpp(args.out, args.f32_gguf)
         return 0
@@ -778,6 +789,56 @@ def write_llamacpp(out: Path, f32_gguf: Path | None = None) -> None:
         }
     (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(info, indent=1))
+
+
+QUANTIZED_NAME = "qwen4exp-tiny-iq3s.gguf"
+QUANTIZED_META = "quantized.json"
+QUANTIZED_FTYPE = 26  # LLAMA_FTYPE_MOSTLY_IQ3_S
+FINGERPRINT_SAMPLES = 16
+
+
+def fingerprint(values: np.ndarray) -> dict:
+    """A few numbers that pin a dequantized tensor: float64 sum and sum of |x| over every value,
+    and FINGERPRINT_SAMPLES values at evenly spaced flat indices."""
+    flat = np.asarray(values, np.float32).reshape(-1)
+    idx = np.linspace(0, len(flat) - 1, FINGERPRINT_SAMPLES).astype(np.int64)
+    return {"sum": float(flat.astype(np.float64).sum()), "abs_sum": float(np.abs(flat.astype(np.float64)).sum()),
+            "samples": [float(x) for x in flat[idx]]}
+
+
+def write_quantized(out: Path, llama_dir: Path) -> None:
+    """llama-quantize's IQ3_S of the stored F16 file (llama_model_quantize, as the tool runs it:
+    on these widths every tensor llama-quantize may change becomes IQ3_S where its rows are a
+    multiple of 256, else IQ4_NL/Q5_1/Q8_0 by its fallback rules, and F16 where no block fits),
+    plus, per tensor, its type and gguf-py's dequantization fingerprinted (an implementation of
+    the formats independent of Strata's)."""
+    import ctypes
+
+    import llama_cpp
+
+    sys.path.insert(0, str(llama_dir / "gguf-py"))
+    from gguf.gguf_reader import GGUFReader
+    from gguf.quants import dequantize
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = QUANTIZED_FTYPE, 2
+    rc = llama_cpp.llama_model_quantize(str(out / GGUF_NAME).encode(), str(out / QUANTIZED_NAME).encode(),
+                                        ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize returned {rc}")
+    tensors = {}
+    for t in GGUFReader(str(out / QUANTIZED_NAME)).tensors:
+        tensors[t.name] = {"type": t.tensor_type.name, "shape": [int(d) for d in t.shape],
+                           **fingerprint(dequantize(t.data, t.tensor_type))}
+    meta = {
+        "what": "llama-quantize (llama_model_quantize of llama-cpp-python %s, ftype IQ3_S) of %s; per tensor "
+                "its type, ggml shape and gguf-py's dequantized values fingerprinted (tests/support/"
+                "qwen4exp_oracle.py:fingerprint)" % (llama_cpp.__version__, GGUF_NAME),
+        "ftype": QUANTIZED_FTYPE,
+        "sha256": hashlib.sha256((out / QUANTIZED_NAME).read_bytes()).hexdigest(),
+        "tensors": tensors,
+    }
+    (out / QUANTIZED_META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -330,6 +330,11 @@ FLASH_SHAPE = dict(n_layer=12, n_embd=2560, n_ff=640, n_head=24, n_head_kv=2, he
                    nextn=1, types="streams-iq3s",
                    extra=dict(hc_rank=320, idx_heads=4, idx_dim=128, top_k=2048, ple_row=160, ple_vocab_base=1000003))
 
+# all 48 layers and the real n-gram table (16 prime vocabularies from 20000003, 320001536 rows padded):
+# the pack's memory math (QWEN4EXP.md section 1); too large to write on the test machines. No MTP
+# layer: the converter drops it (conversion/qwen4exp.py:28-30), so a hub pack has none
+FULL_SHAPE = dict(FLASH_SHAPE, n_layer=48, nextn=0, extra=dict(FLASH_SHAPE["extra"], ple_vocab_base=20000000))
+
 SPEC = ArchSpec(
     name=NAME,
     traits=TRAITS,
@@ -348,5 +353,5 @@ SPEC = ArchSpec(
     residual_streams=True,
     synth_keys=synth_keys,
     tiny=TINY_SHAPE,
-    presets={"qwen4exp-flash": FLASH_SHAPE, "qwen4exp-tiny": TINY_SHAPE},
+    presets={"qwen4exp-flash": FLASH_SHAPE, "qwen4exp-full": FULL_SHAPE, "qwen4exp-tiny": TINY_SHAPE},
 )
