@@ -17,7 +17,7 @@ import sys
 from strata.errors import StrataError
 from strata.model.archs import ARCHS
 from strata.pack.loader import open_pack
-from strata.pack.summary import group_by_role, group_by_type, metadata_summary
+from strata.pack.summary import group_by_role, group_by_type, metadata_summary, printable
 
 MIB = 2**20
 SHOWN_ENTRIES = 8  # an array key's values printed before "... (N entries)"
@@ -60,7 +60,8 @@ def arch_keys(metadata) -> dict:
     for key in spec.keys if spec is not None else ():
         value = metadata.get(key.full_name(arch))
         if value is not None:
-            out[key.name] = value.tolist() if hasattr(value, "tolist") else value
+            value = value.tolist() if hasattr(value, "tolist") else value
+            out[key.name] = [printable(v) for v in value] if isinstance(value, list) else printable(value)
     return out
 
 

@@ -106,10 +106,10 @@ def metadata_summary(metadata: dict) -> dict:
     out["chat_template"] = "tokenizer.chat_template" in metadata
     if "split.count" in metadata:
         out["split_count"] = metadata["split.count"]
-    return {k: _printable(v) for k, v in out.items()}
+    return {k: printable(v) for k, v in out.items()}
 
 
-def _printable(value):
+def printable(value):
     """Bytes that are not UTF-8 (kept by the reader as surrogates) as \\xNN escapes: a corrupt
     pack's listing must print, not fail on the terminal's encoding."""
     if isinstance(value, str):
