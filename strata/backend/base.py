@@ -16,6 +16,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from strata.kernels.ggml_types import type_by_id
+
 
 class TensorSource(Protocol):
     """What a pack hands to a backend: one tensor in its GGUF block layout."""
@@ -84,6 +86,31 @@ class Backend(ABC):
     @abstractmethod
     def expert_weight(self, source: TensorSource) -> Any:
         """A 3-D expert weight: ne [in, out, n_expert]."""
+
+    # ---- the expert store (strata.experts: the cache's plan, its counters) ----------------
+    # where an expert pool smaller than the experts lives: None (not built: every expert resident),
+    # "device", or "emulated" (host memory standing in for the device, for tests)
+    expert_pool: str | None = None
+
+    def expert_bytes(self, ggml_type: int, shape: tuple[int, ...]) -> int:
+        """Bytes one expert of an expert tensor (ne [in, out, n_expert]) takes on the device:
+        here its GGUF blocks."""
+        return type_by_id(ggml_type).row_bytes(int(shape[0])) * int(shape[1])
+
+    def configure_experts(self, plan: Any, policy: str, policy_args: dict, rates: Any) -> None:
+        """The expert cache for the expert tensors still to load (strata.experts.budget.CachePlan;
+        None: every expert resident), its policy and a profile's rates(layer) -> per-expert
+        tokens per position or None. Here: every expert stays resident."""
+
+    def expert_cache_stats(self) -> dict | None:
+        """The cache's counters (strata.experts.cache.CacheStats.as_dict plus slots, experts,
+        pool_bytes, policy); None without a cache."""
+        return None
+
+    def expert_counts(self) -> tuple[dict[str, Any], dict[str, int]] | None:
+        """(tokens routed per expert, token positions counted), per expert layer since load;
+        None where the backend does not count its routing."""
+        return None
 
     @abstractmethod
     def vector(self, source: TensorSource) -> Any:

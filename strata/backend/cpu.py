@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from strata.backend.base import Backend, TensorSource
+from strata.backend.cpu_experts import CpuExpertStore, DenseExperts  # noqa: F401  (DenseExperts: bench_cpu reads it here)
 from strata.errors import StrataError
 from strata.kernels.dequant import dequantize
 
@@ -27,13 +28,6 @@ class DenseWeight:
     wt: np.ndarray
     names: tuple[str, ...]
     type_ids: tuple[int, ...]
-
-
-@dataclass
-class DenseExperts:
-    wt: np.ndarray  # (n_expert, in, out) float32, each expert transposed as above
-    name: str
-    type_id: int
 
 
 # Rows copied per step when a weight is transposed: a block of rows (and its columns of the
@@ -136,9 +130,11 @@ def dequantize_source(src: TensorSource) -> np.ndarray:
 class CpuBackend(Backend):
     name = "cpu"
     xp = np
+    expert_pool = "emulated"  # cpu_experts.py: the pool runs the cache's logic; it saves no memory
 
     def __init__(self, threads: int | None = None) -> None:
         self._cache: dict[str, np.ndarray] = {}
+        self.experts = CpuExpertStore()  # host copies of the experts, and the slot pool when one is planned
         # decided once, at start-up, and said in start_line (default_threads: the free cores)
         self._threads, self._threads_why = choose_threads(threads)
         self._current: int | None = None
@@ -211,7 +207,23 @@ class CpuBackend(Backend):
         wt = np.empty((w.shape[0], w.shape[2], w.shape[1]), np.float32)
         for e in range(w.shape[0]):
             transposed([w[e]], out=wt[e])
-        return DenseExperts(wt, source.name, source.ggml_type)
+        return self.experts.add(wt, source.name, source.ggml_type)
+
+    def expert_bytes(self, ggml_type: int, shape: tuple[int, ...]) -> int:
+        return int(shape[0]) * int(shape[1]) * 4  # float32, dequantized at load
+
+    def configure_experts(self, plan: Any, policy: str, policy_args: dict, rates: Any) -> None:
+        self.experts.configure(plan, policy, policy_args, rates)
+
+    def expert_cache_stats(self) -> dict | None:
+        return self.experts.stats()
+
+    def expert_counts(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        return self.experts.counts, self.experts.tokens
+
+    def begin_window(self, spans: Sequence[Any]) -> Any:
+        self.experts.begin_window()
+        return super().begin_window(spans)
 
     def vector(self, source: TensorSource) -> np.ndarray:
         return np.ascontiguousarray(dequantize_source(source).reshape(-1), dtype=np.float32)
@@ -238,15 +250,17 @@ class CpuBackend(Backend):
         n, k = expert_ids.shape
         out = np.empty((n * k, w.wt.shape[2]), dtype=np.float32)
         flat = expert_ids.reshape(-1)
+        mats = self.experts.matrices(w, expert_ids)  # the host copies, or this window's slots
         # x is one row per token (shared by its k experts) or one row per (token, expert)
         xin = x.reshape(n * k, -1) if x.ndim == 3 else np.repeat(x, k, axis=0)
         for e in np.unique(flat):  # one matmul per expert used in this window
             sel = np.nonzero(flat == e)[0]
             if len(sel) <= self.ROWWISE_MAX:
+                m = mats[e]
                 for r in sel:
-                    out[r] = xin[r] @ w.wt[e]
+                    out[r] = xin[r] @ m
             else:
-                out[sel] = np.matmul(xin[sel], w.wt[e])
+                out[sel] = np.matmul(xin[sel], mats[e])
         return out.reshape(n, k, -1)
 
     def embed(self, table: np.ndarray, token_ids) -> np.ndarray:

@@ -7,6 +7,12 @@ expert x stride. So a store may place an expert anywhere (or, with another tier,
 between windows) by rewriting its table entry, and a CUDA graph stays valid: it captured the
 table's address, not the experts'. Today every expert is resident on the device, in one array per
 tensor, and the tables never change.
+
+A pool smaller than the experts (--expert-cache) keeps its bookkeeping in strata.experts.cache,
+which knows no device: `resolve(layer, ids)` before a layer's experts names each expert's slot and
+the (expert, slot) uploads of the window; a device store then copies those experts' blocks into
+their slots and writes their slot addresses into the tables. The CPU backend's store
+(cpu_experts.py) runs that logic today; this one declares no pool (Backend.expert_pool is None).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("strata.cli.serve", "run the OpenAI-compatible HTTP server"),
     "engine": ("strata.cli.engine", "run the engine process"),
     "mtp": ("strata.cli.mtp", "multi-token-prediction drafts"),
+    "experts": ("strata.cli.experts", "record an expert routing profile (--expert-profile)"),
     "pull": ("strata.cli.pull", "fetch the default model into the cache folder (done on first use too)"),
 }
 DEFAULT_COMMAND = "engine"

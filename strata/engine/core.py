@@ -5,6 +5,7 @@ Front ends (the HTTP API, `strata generate`) talk to it through strata.protocol.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import sys
@@ -20,6 +21,8 @@ from strata.engine.context_room import check_one_slot_fits, past_training_warnin
 from strata.engine.options import EngineOptions
 from strata.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
+from strata.experts.budget import expert_tensors, plan_cache
+from strata.experts.profile import read_profile, write_profile
 from strata.sampling.logit_adjust import bans_everything
 from strata.model.build import build_model
 from strata.model.config import ModelConfig
@@ -156,6 +159,7 @@ class EngineCore:
         self.draft: DraftModel | None = None
         self.draft_state_bytes = 0  # one slot's draft KV and buffers at full context
         self.checkpoints: CheckpointPlan | None = None
+        self._expert_layers: set[str] = set()  # the main model's expert layers (set by _plan_experts)
         # set by _build_scheduler
         self.probe_report: Any = None
         self.scheduler: Scheduler
@@ -188,6 +192,9 @@ class EngineCore:
         form = f" (input projection from the fused ssm_in in {fused})" if fused else ""
         log(f"strata: recurrent state: {h.n_recurrent} Gated DeltaNet layers{form}, {sizes}; "
             f"{model.n_attention} attention layers keep a KV cache")
+        pieces = model.state_line(checkpoint=plan.count > 0)
+        if pieces is not None:
+            log(f"strata: sequence state: {pieces}")
         lacking = plan.line()
         if lacking is not None:
             log(lacking)
@@ -208,6 +215,7 @@ class EngineCore:
         self = cls(plan.opts, log, backend, pack, pack_arg)
         self._read_pack()
         src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
+        self._plan_experts(src)
         self._load_model()
         src = self._load_draft(src)
         self._plan_slots(src)
@@ -228,6 +236,45 @@ class EngineCore:
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
         _check_room(self.backend, pack.tensors.values(), f"pack {pack.label}")
+
+    def _plan_experts(self, src: Any) -> None:
+        """The expert cache, before any expert loads: the main model's expert tensors (a draft's
+        stay resident) as pools of slots for --expert-cache, seeded by --expert-profile; said in
+        one line where a pool is built. The profile is read (and held to the model) only then."""
+        opts, backend, log = self.opts, self.backend, self.log
+        if opts.expert_profile_out:
+            atexit.register(self.write_expert_profile, opts.expert_profile_out)
+        draft = set(src.tensors) if src is not None else set()
+        tensors = expert_tensors([t for n, t in self.pack.tensors.items() if n not in draft], backend.expert_bytes)
+        self._expert_layers = {t.group for t in tensors}
+        # auto: the CPU keeps every expert in host RAM, and no device pool is built yet elsewhere
+        plan = plan_cache(tensors, opts.expert_cache_request(), auto_bytes=None)
+        if plan is not None and backend.expert_pool is None:
+            log(f"strata: warning: --expert-cache {opts.expert_cache}: the {backend.name} backend has no expert pool "
+                f"yet; every expert loads resident")
+            plan = None
+        if plan is None:
+            if opts.expert_profile and tensors:
+                log(f"strata: experts: every expert is resident; --expert-profile {opts.expert_profile} is not read")
+            return
+        rates: Callable[[str], Any] = lambda name: None  # noqa: E731
+        if opts.expert_profile:
+            profile = read_profile(opts.expert_profile)
+            profile.check_model(opts.expert_profile, {g.name: g.n_expert for g in plan.groups})
+            rates = profile.rates
+        backend.configure_experts(plan, opts.expert_policy, {}, rates)
+        log(plan.line(backend.name, emulated=backend.expert_pool == "emulated"))
+
+    def write_expert_profile(self, path: str) -> bool:
+        """The routing counts seen since load, as an --expert-profile file (False where the backend
+        does not count its routing)."""
+        seen = self.backend.expert_counts()
+        if seen is None:
+            return False
+        counts, tokens = seen
+        main = {k: v for k, v in counts.items() if k in self._expert_layers} or counts
+        write_profile(path, max((tokens[k] for k in main), default=0), main)
+        return True
 
     def _load_model(self) -> None:
         """The main model's weights on the device; the context size and the model's name."""
@@ -378,15 +425,21 @@ class EngineCore:
     def slots_info(self) -> list[dict]:
         """Each slot as /slots shows it: busy or not, the request it serves, how far it got, its
         MTP counters (read from the engine's thread without a lock: a snapshot, maybe a window old)."""
-        out = []
+        out, experts = [], self.expert_cache()
         for s in self.scheduler.slots:
             h = s.handle
             out.append({"id": s.index, "is_processing": h is not None, "request_id": h.request.request_id if h else None,
                         "n_prompt_tokens": len(s.prompt), "n_decoded": s.n_generated,
                         "n_cached_prompt_tokens": s.cached,
                         "mtp": {"windows": s.counters.windows, "drafted": s.counters.drafted,
-                                "accepted": s.counters.accepted}})
+                                "accepted": s.counters.accepted},
+                        "expert_cache": experts})
         return out
+
+    def expert_cache(self) -> dict | None:
+        """The expert cache's counters (the engine's, shared by every slot: a window's tokens share
+        its uploads), or None without a pool."""
+        return self.backend.expert_cache_stats()
 
     def metrics(self) -> dict:
         sch = self.scheduler
@@ -405,4 +458,5 @@ class EngineCore:
             "finished": dict(sch.finished),
             "queue_depth": sch.queue_depth(),
             "slots_busy": sch.slots_busy(),
+            "expert_cache": self.expert_cache(),
         }

@@ -14,6 +14,8 @@ import argparse
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Callable
 
+from strata.experts.budget import CacheRequest, parse_cache_request
+from strata.experts.policy import POLICIES
 from strata.sampling.bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
 
@@ -36,6 +38,15 @@ def _prefill(value: str) -> str:
     if not n.isdigit() or int(n) <= 0:
         raise argparse.ArgumentTypeError(f"--prefill takes auto, auto:N or N (N > 0), not {value!r}")
     return v
+
+
+def _expert_cache(value: str) -> str:
+    """argparse type of --expert-cache: its value as given, once it parses (strata.experts.budget)."""
+    try:
+        parse_cache_request(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value.strip().lower()
 
 
 def _int_at_least(minimum: int):
@@ -256,9 +267,20 @@ FLAGS: tuple[Flag, ...] = (
          help="memory for reusing computed prompt prefixes across requests (0: off)"),
     Flag(("--kv-resident",), "int | None", bound=Bound(1, 1 << 30), help="(accepted; see warnings)",
          not_honoured="the whole KV cache stays resident; there is no host spill tier"),
-    Flag(("--expert-profile",), "str | None", help="(accepted; see warnings)",
-         not_honoured="expert profiles only steer host-offloaded expert caches; every expert stays resident"),
-    Flag(("--expert-cache",), "str", "auto", help="expert cache policy: auto (all experts resident)"),
+    # (strata/experts/: the pool's bookkeeping, its policies and the profile file)
+    Flag(("--expert-cache",), "str", "auto", type=_expert_cache, metavar="auto|off|SIZE|N%",
+         help="routed experts in host RAM behind a pool of device slots: SIZE of device memory (512MiB, 20GiB) "
+              "or N%% of the experts; auto: as many as fit beside the rest (today every expert: the CPU keeps "
+              "them all in RAM, and the CUDA backend has no pool yet); off: all resident. On the CPU a pool "
+              "emulates the device tier (tests, measurements) and saves no memory"),
+    Flag(("--expert-policy",), "str", "frequency", choices=tuple(POLICIES), metavar="|".join(POLICIES),
+         help="which cached expert leaves the pool for a missing one: lru, or frequency (frequency-weighted "
+              "LRU: decayed use counts)"),
+    Flag(("--expert-profile",), "str | None", metavar="FILE",
+         help="per-layer expert routing counts (`strata experts profile` writes them): the pool starts with "
+              "the hottest experts and the policy with their counts; not read when every expert is resident"),
+    Flag(("--expert-profile-out",), "str | None", metavar="FILE",
+         help="write the routing counts this engine saw to FILE when it stops (an --expert-profile file)"),
     Flag(("--device",), "str", "auto", choices=("auto", "cpu", "cuda"), help="compute backend"),
     Flag(("--no-native",), "str", "", metavar="TYPES",
          help="diagnostic: comma-separated GGML types to drop from the native kernel table"),
@@ -376,9 +398,10 @@ class _OptionsMethods:
         for flag, why in NOT_HONOURED.items():
             if flag in self.given_flags:
                 out.append(f"strata: warning: {flag} is accepted but has no effect in this build: {why}")
-        if self.expert_cache not in ("auto", "off", "all"):
-            out.append(f"strata: warning: --expert-cache {self.expert_cache}: only 'auto' (all experts resident) is built")
         return out
+
+    def expert_cache_request(self) -> CacheRequest:
+        return parse_cache_request(self.expert_cache)
 
 
 # the options a command runs with: one field per flag of FLAGS, its default the flag's, and the

@@ -134,6 +134,11 @@ class Transformer:
             return 0
         return HybridCache.state_bytes(self.state_shape, self.replay_tokens, checkpoint)
 
+    def state_line(self, checkpoint: bool = True) -> str | None:
+        """The pieces of a sequence's state beyond the recurrent one, in words for the start-up
+        line; None where there are none (a family with more says so: hyper_transformer.py)."""
+        return None
+
     def checkpoint_bytes(self) -> int:
         """What a sequence's rollback copy costs: the second state copy and the replay inputs."""
         if self.state_shape is None:

@@ -165,5 +165,7 @@ def slots(api: "EngineState", core: Any) -> list[dict[str, Any]]:
             "n_prompt_tokens": int(s.get("n_prompt_tokens", 0)),
             "n_prompt_tokens_cached": int(s.get("n_cached_prompt_tokens", 0)),
             "mtp": {k: int(mtp.get(k, 0)) for k in ("windows", "drafted", "accepted")},
+            # the engine's expert cache (shared by the slots: a window's tokens share its uploads); null without one
+            "expert_cache": s.get("expert_cache"),
         })
     return out

@@ -30,6 +30,37 @@ MTP_SLOT_COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
+# the expert cache (strata/experts/cache.py CacheStats, with the pool's size): key in
+# core.metrics()["expert_cache"] -> (metric name, counter or gauge, help); absent without a pool
+EXPERT_CACHE_METRICS: dict[str, tuple[str, str, str]] = {
+    "lookups": ("strata_expert_cache_lookups", "counter", "experts a window's layer needed (one per expert per window)"),
+    "hits": ("strata_expert_cache_hits", "counter", "lookups whose expert was in its slot before the window"),
+    "misses": ("strata_expert_cache_misses", "counter", "lookups whose expert was not in a slot"),
+    "evictions": ("strata_expert_cache_evictions", "counter", "experts that left a slot for a missing one"),
+    "host_served": ("strata_expert_cache_host_served", "counter",
+                    "misses served from host memory: every slot was needed by the window itself"),
+    "uploads": ("strata_expert_cache_uploads", "counter", "experts copied into slots"),
+    "bytes_uploaded": ("strata_expert_cache_uploaded_bytes", "counter", "bytes copied into slots"),
+    "windows": ("strata_expert_cache_windows", "counter", "windows run with the cache"),
+    "host_seconds": ("strata_expert_cache_host_expert_seconds", "counter",
+                     "time computing experts from host memory (the CPU) instead of the device"),
+    "window_bytes": ("strata_expert_cache_window_uploaded_bytes", "gauge", "bytes copied into slots by the last window"),
+    "hit_rate": ("strata_expert_cache_hit_rate", "gauge", "hits / lookups since start"),
+    "slots": ("strata_expert_cache_slots", "gauge", "expert slots in the pool"),
+    "experts": ("strata_expert_cache_experts", "gauge", "experts behind the pool (every layer's)"),
+}
+
+
+def _expert_cache_families(stats: dict | None) -> Iterable:
+    for key, (name, kind, help_) in EXPERT_CACHE_METRICS.items():
+        value = (stats or {}).get(key)
+        if value is None:
+            continue
+        fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_)
+        fam.add_metric([], float(value))
+        yield fam
+
+
 def _per_slot(metrics: dict[str, Any], key: str) -> list[float]:
     """Accept either {"mtp_<key>": [per slot]} or {"slots": [{"<key>": n}, ...]}."""
     direct = metrics.get(f"mtp_{key}")
@@ -80,6 +111,7 @@ class _CoreCollector:
         for reason, v in sorted((m.get("batch_mtp_fallbacks") or {}).items()):
             fb.add_metric([str(reason)], float(v))
         yield fb
+        yield from _expert_cache_families(m.get("expert_cache"))
 
 
 class EngineMetrics:

@@ -14,7 +14,8 @@ import os
 from typing import Any
 
 # the keys of one /slots entry that are state and counters, no client's request
-PUBLIC_SLOT_KEYS = ("id", "n_ctx", "speculative", "is_processing", "next_token", "n_prompt_tokens", "mtp")
+PUBLIC_SLOT_KEYS = ("id", "n_ctx", "speculative", "is_processing", "next_token", "n_prompt_tokens", "mtp",
+                    "expert_cache")
 
 
 def slots_view(entries: list[dict[str, Any]], expose: bool) -> list[dict[str, Any]]:
