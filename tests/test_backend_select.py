@@ -66,3 +66,33 @@ def test_a_gpu_that_runs_the_kernels_is_taken():
         pytest.skip(select.cuda_problem().why)
     assert select.make_backend("auto").name == "cuda"
     assert select.make_backend("cuda").name == "cuda"
+
+
+QWEN4EXP = ROOT / "tests" / "data" / "qwen4exp" / "qwen4exp-tiny-f16.gguf"
+
+
+@pytest.mark.parametrize("problem", [None, OLD_GPU], ids=["gpu-that-runs-cuda", "old-gpu"])
+def test_an_architecture_without_cuda_layers_runs_on_the_cpu_under_auto(monkeypatch, problem):
+    """qwen4exp declares devices=("cpu",): auto takes the CPU and says why only where the GPU would
+    otherwise have been taken; cpu is untouched; cuda is one line whatever the machine has."""
+    monkeypatch.setattr(select, "cuda_problem", lambda: problem)
+    lines: list[str] = []
+    assert select.device_for_model("auto", "qwen4exp", ("cpu",), lines.append) == "cpu"
+    assert lines == ([] if problem else
+                     ["strata: --device auto: qwen4exp runs on the CPU backend only in this build (its CUDA "
+                      "layers are not built yet); running on the CPU"])
+    assert select.device_for_model("cpu", "qwen4exp", ("cpu",), lines.append) == "cpu"
+    assert select.device_for_model("auto", "llama", ("cpu", "cuda"), lines.append) == "auto"
+    with pytest.raises(StrataError, match=r"^--device cuda: qwen4exp runs on the CPU backend only"):
+        select.device_for_model("cuda", "qwen4exp", ("cpu",), lines.append)
+
+
+def test_cuda_for_a_cpu_only_architecture_exits_2_with_one_line():
+    """A real child process on the oracle's tiny qwen4exp file: refused before any backend is made."""
+    r = subprocess.run([sys.executable, "-m", "strata.cli.main", "generate", "--pack", str(QWEN4EXP), "--device",
+                        "cuda", "--prompt", "hi", "--max-tokens", "2"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "strata: --device cuda: qwen4exp runs on the CPU backend only in this build (its CUDA layers are not "
+        "built yet); use --device cpu"]

@@ -51,6 +51,20 @@ def cuda_available() -> bool:
     return cuda_problem() is None
 
 
+def device_for_model(device: str, arch: str, runs_on: tuple[str, ...], log: Callable[[str], None]) -> str:
+    """The --device a model of `arch` gets, where its architecture runs only on some backends
+    (runs_on: ArchSpec.devices): `auto` takes the CPU when CUDA is not among them (saying so when
+    a GPU is there), `cuda` is one clear line."""
+    if device == "cpu" or "cuda" in runs_on:
+        return device
+    why = f"{arch} runs on the CPU backend only in this build (its CUDA layers are not built yet)"
+    if device == "cuda":
+        raise StrataError(f"--device cuda: {why}; use --device cpu")
+    if cuda_available():
+        log(f"strata: --device auto: {why}; running on the CPU")
+    return "cpu"
+
+
 def make_backend(device: str = "auto", *, no_native: set[str] | None = None, threads: int | None = None,
                  log: Callable[[str], None] | None = None) -> Backend:
     """`auto` takes the GPU when the CUDA backend can run there, else the CPU (saying why when

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from strata.backend.select import make_backend
+from strata.backend.select import device_for_model, make_backend
 from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.context_room import check_one_slot_fits, past_training_warning
@@ -24,6 +24,7 @@ from strata.errors import OutOfMemory, StrataError
 from strata.experts.budget import expert_tensors, plan_cache
 from strata.experts.profile import read_profile, write_profile
 from strata.sampling.logit_adjust import bans_everything
+from strata.model.archs import ARCHS
 from strata.model.build import build_model
 from strata.model.config import ModelConfig
 from strata.mtp.draft import DraftModel
@@ -75,6 +76,13 @@ def _check_room(backend: Any, tensors, what: str) -> None:
 
 def _room_hint(backend: Any) -> str:
     return "a smaller pack" if backend.name == "cpu" else "a smaller pack, or --device cpu"
+
+
+def _device_for_pack(device: str, pack: Any, log: Callable[[str], None]) -> str:
+    """--device for this pack's architecture (ArchSpec.devices: the backends it runs on)."""
+    arch = pack.metadata.get("general.architecture")
+    spec = ARCHS.get(arch) if isinstance(arch, str) else None
+    return device if spec is None else device_for_model(device, arch, spec.devices, log)
 
 
 @contextlib.contextmanager
@@ -206,11 +214,16 @@ class EngineCore:
 
         for w in opts.warnings():
             log(w)
-        backend = make_backend(opts.device, no_native=opts.no_native_types(), threads=opts.threads, log=log)
         pack_arg = opts.pack
         if pack_arg is None and opts.native is None:
             pack_arg = str(default_model_path())
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
+        try:
+            device = _device_for_pack(opts.device, pack, log)
+            backend = make_backend(device, no_native=opts.no_native_types(), threads=opts.threads, log=log)
+        except BaseException:
+            pack.close()
+            raise
         plan = resolve_options(opts, pack, backend.name, log)
         self = cls(plan.opts, log, backend, pack, pack_arg)
         self._read_pack()

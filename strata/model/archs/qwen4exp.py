@@ -354,4 +354,7 @@ SPEC = ArchSpec(
     synth_keys=synth_keys,
     tiny=TINY_SHAPE,
     presets={"qwen4exp-flash": FLASH_SHAPE, "qwen4exp-full": FULL_SHAPE, "qwen4exp-tiny": TINY_SHAPE},
+    # the sparse attention's indexer and block selection, the n-gram table and the stream mixes
+    # have no CUDA kernels yet
+    devices=("cpu",),
 )

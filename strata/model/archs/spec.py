@@ -60,6 +60,9 @@ class ArchSpec:
     synth_keys: Callable[[Any], list[tuple[str, Any, Any]]] | None = None
     tiny: Mapping[str, Any] = field(default_factory=dict)  # the TINY synthetic pack's SynthSpec fields
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # named synthetic packs
+    # the backends its layers run on (strata/backend/select.py device_for_model: --device auto
+    # takes the CPU for an architecture without CUDA layers, --device cuda refuses it in one line)
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
     @property
     def recurrent(self) -> bool:
