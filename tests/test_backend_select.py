@@ -96,3 +96,15 @@ def test_cuda_for_a_cpu_only_architecture_exits_2_with_one_line():
     assert r.stderr.strip().splitlines() == [
         "strata: --device cuda: qwen4exp runs on the CPU backend only in this build (its CUDA layers are not "
         "built yet); use --device cpu"]
+
+
+def test_probe_of_a_cpu_only_architecture_names_the_engine_s_backend():
+    """strata probe shows the table of the backend the engine would take: --device cuda is the
+    engine's one line, auto the CPU's table."""
+    cmd = [sys.executable, "-m", "strata.cli.main", "probe", "--pack", str(QWEN4EXP)]
+    r = subprocess.run(cmd + ["--device", "cuda"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[0].startswith("strata: --device cuda: qwen4exp runs on the CPU backend only")
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "; backend cpu;" in r.stdout.splitlines()[0]

@@ -74,8 +74,10 @@ def checkpoint_plan(pack, opts: EngineOptions, backend: str) -> CheckpointPlan |
     return plan_checkpoints(opts.state_checkpoints, opts.parallel, HybridCache.checkpoint_bytes(shape, replay), budget)
 
 
-def open_model(opts: EngineOptions, backend: str):
-    """(pack, draft source or None, options with the MTP defaults) as the engine opens them."""
+def open_model(opts: EngineOptions):
+    """(pack, draft source or None, options with the MTP defaults, backend name) as the engine
+    opens them: the backend is the one the engine takes for this pack's architecture."""
+    from strata.engine.core import device_for_pack
     from strata.mtp.defaults import plan_mtp
     from strata.pack.loader import open_pack
 
@@ -85,15 +87,19 @@ def open_model(opts: EngineOptions, backend: str):
 
         pack_arg = str(default_model_path())
     pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
-    plan = plan_mtp(opts, pack, backend)  # the engine core's own decision (strata.engine.core)
-    return pack, plan.find_draft(pack), plan.opts
+    try:
+        backend = resolve_backend(device_for_pack(opts.device, pack, log=lambda line: None))
+        plan = plan_mtp(opts, pack, backend)  # the engine core's own decision (strata.engine.core)
+        return pack, plan.find_draft(pack), plan.opts, backend
+    except BaseException:
+        pack.close()
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
     opts = EngineOptions.from_namespace(args)
-    backend = resolve_backend(opts.device)
+    pack, draft, opts, backend = open_model(opts)
     table = table_for_backend(backend, opts.no_native_types())
-    pack, draft, opts = open_model(opts, backend)
     try:
         checkpoints = checkpoint_plan(pack, opts, backend)
         rep = run_probe(tensor_map(pack.tensors), tensor_map(draft.tensors) if draft else None, backend, table,

@@ -78,7 +78,7 @@ def _room_hint(backend: Any) -> str:
     return "a smaller pack" if backend.name == "cpu" else "a smaller pack, or --device cpu"
 
 
-def _device_for_pack(device: str, pack: Any, log: Callable[[str], None]) -> str:
+def device_for_pack(device: str, pack: Any, log: Callable[[str], None]) -> str:
     """--device for this pack's architecture (ArchSpec.devices: the backends it runs on)."""
     arch = pack.metadata.get("general.architecture")
     spec = ARCHS.get(arch) if isinstance(arch, str) else None
@@ -219,7 +219,7 @@ class EngineCore:
             pack_arg = str(default_model_path())
         pack = open_pack(pack=pack_arg, native=opts.native, ple_gguf=opts.ple_gguf)
         try:
-            device = _device_for_pack(opts.device, pack, log)
+            device = device_for_pack(opts.device, pack, log)
             backend = make_backend(device, no_native=opts.no_native_types(), threads=opts.threads, log=log)
         except BaseException:
             pack.close()
