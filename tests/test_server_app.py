@@ -27,6 +27,7 @@ class ScriptedTokenizer:
     """One token per byte (id = byte + 2); id 1 is BOS."""
 
     eog_ids = {0}
+    vocab_size = 258  # ids 0 and 1, then the bytes
     special_pattern = None  # no special-token texts: request strings pass through as they are
 
     def encode(self, text, add_special=False, parse_special=True):
@@ -51,6 +52,7 @@ class ScriptedCore:
     model_name = "scripted"
     n_ctx = 64
     parallel = 2
+    cfg = pack = opts = draft = None  # no pack behind it (strata/server/served_core.py)
 
     def __init__(self, delay: float = 0.005):
         self.tokenizer = ScriptedTokenizer()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Literal, Union
 
 import numpy as np
 from fastapi.responses import Response
@@ -29,6 +29,7 @@ from strata.server.errors import APIError, invalid
 from strata.server.events import core_events
 from strata.server.prompt_limits import overflow
 from strata.server.schemas import MAX_PROMPT_IDS, Name, Strict, TokenId
+from strata.server.served_core import ServedCore
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -68,7 +69,7 @@ class EmbeddingRequest(Strict):
         return [(f"input[{i}]", x) for i, x in enumerate(v)]
 
 
-def _prompt_ids(api: "EngineState", core: Any, req: EmbeddingRequest) -> list[tuple[str, list[int]]]:
+def _prompt_ids(api: "EngineState", core: ServedCore, req: EmbeddingRequest) -> list[tuple[str, list[int]]]:
     """Each input's token ids, each checked to fit the context (on the preparer's threads)."""
     width = _width(core)
     if req.dimensions is not None and req.dimensions != width:
@@ -91,8 +92,8 @@ def _prompt_ids(api: "EngineState", core: Any, req: EmbeddingRequest) -> list[tu
     return out
 
 
-def _width(core: Any) -> int | None:
-    return getattr(getattr(core, "cfg", None), "n_embd", None)
+def _width(core: ServedCore) -> int | None:
+    return core.cfg.n_embd if core.cfg is not None else None
 
 
 def _encode(vec: list[float], fmt: str) -> list[float] | str:
@@ -102,7 +103,7 @@ def _encode(vec: list[float], fmt: str) -> list[float] | str:
     return [float(x) for x in vec]
 
 
-async def _embed_one(api: "EngineState", core: Any, ids: list[int], window: asyncio.Semaphore) -> FinishEvent:
+async def _embed_one(api: "EngineState", core: ServedCore, ids: list[int], window: asyncio.Semaphore) -> FinishEvent:
     """One input through the engine, once the call's window has room for it."""
     async with window:
         try:
@@ -121,13 +122,13 @@ async def _embed_one(api: "EngineState", core: Any, ids: list[int], window: asyn
             handle.cancel()  # (a no-op once finished; frees the slot of one whose caller left)
 
 
-async def _embed_all(api: "EngineState", request: "Request", core: Any,
+async def _embed_all(api: "EngineState", request: "Request", core: ServedCore,
                      inputs: list[list[int]]) -> list[FinishEvent] | None:
     """Every input's FinishEvent (None: the client left first), at most `parallel` inputs in the
     engine at once: a call of 2048 inputs then holds as many queue entries as `parallel`
     requests, and a request sent after it waits for the inputs already in the engine, not for
     all of them. What is left is cancelled when the client leaves or an input is refused."""
-    window = asyncio.Semaphore(max(1, int(getattr(core, "parallel", 1) or 1)))
+    window = asyncio.Semaphore(max(1, int(core.parallel)))
     tasks = [asyncio.ensure_future(_embed_one(api, core, ids, window)) for ids in inputs]
     everything = asyncio.gather(*tasks)
     gone = asyncio.ensure_future(wait_for_disconnect(request))

@@ -198,7 +198,7 @@ def run_engine(opts: EngineOptions, log: Callable[[str], None] = log_stderr, loa
     from strata.server.app import EngineAPI
     from strata.server.serving import bind, serve
 
-    api = EngineAPI(model_name=opts.alias, log=log, max_queued=getattr(opts, "max_queued", None),
+    api = EngineAPI(model_name=opts.alias, log=log, max_queued=opts.max_queued,
                     body_timeout=opts.body_timeout, access_log=not opts.no_access_log,
                     usage_trailer=supervised, expose_slots=opts.slots, **key_and_edge)
     app = api.app

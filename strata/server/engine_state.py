@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from typing import Any, Callable
+from typing import Callable
 
 from fastapi import Request
 
@@ -20,6 +20,7 @@ from strata.server.metrics import EngineMetrics
 from strata.server.model_id import served_names
 from strata.server.prompt_limits import PromptLimits
 from strata.server.schemas import check_model_name, parse_request
+from strata.server.served_core import ServedCore
 
 SHUTDOWN_MESSAGE = "the server is shutting down; this request was ended"
 # finish codes of a request its own grammar or logit_bias ended (strata.grammar.matcher's LIMIT_CODE
@@ -37,7 +38,7 @@ class EngineState:
                  log: Callable[[str], None] | None = None, edge: EdgePolicy | None = None,
                  body_timeout: float = BODY_TIMEOUT_S, access_log: bool = False, usage_trailer: bool = False,
                  expose_slots: bool = False):
-        self.core: Any = None
+        self.core: ServedCore | None = None
         self.failure: str | None = None
         self._model_name = model_name
         self._served: tuple[str, frozenset[str]] | None = None  # (id, accepted names), from the core
@@ -62,7 +63,7 @@ class EngineState:
         self.created = int(time.time())
 
     # ------------------------------------------------------------ life cycle
-    def attach(self, core: Any) -> None:
+    def attach(self, core: ServedCore) -> None:
         self.limits = PromptLimits.of_core(core)  # before self.core: no request sees one without the other
         self._served = served_names(core)
         self.core = core

@@ -21,6 +21,7 @@ from strata.sampling.filters import CHAIN
 from strata.server.common import Cancelled, json_answer, json_bytes
 from strata.server.errors import invalid
 from strata.server.schemas import MAX_PROMPT_IDS, Strict, TokenId
+from strata.server.served_core import ServedCore
 
 if TYPE_CHECKING:
     from strata.server.engine_state import EngineState
@@ -59,7 +60,7 @@ def piece(tokenizer: Any, token_id: int) -> str | list[int]:
         return list(raw)
 
 
-def tokenize(cancel: threading.Event, core: Any, req: TokenizeRequest) -> Response:
+def tokenize(cancel: threading.Event, core: ServedCore, req: TokenizeRequest) -> Response:
     """The answer of POST /tokenize, rendered to bytes here (on the preparer's threads: a
     million pieces as JSON take seconds, which the event loop must not spend). Its size is
     bounded before any work: each token holds at least one byte of the content (BOS and EOS
@@ -94,7 +95,7 @@ def _stop_if(cancel: threading.Event) -> None:
         raise Cancelled()
 
 
-def detokenize(api: "EngineState", core: Any, req: DetokenizeRequest) -> Response:
+def detokenize(api: "EngineState", core: ServedCore, req: DetokenizeRequest) -> Response:
     api.limits.check_ids(req.tokens, "tokens")  # 400 naming the first id outside the vocabulary
     return json_answer({"content": core.tokenizer.decode(req.tokens)})
 
@@ -112,16 +113,15 @@ def generation_settings(p: SamplingParams, n_predict: int) -> dict[str, Any]:
     }
 
 
-def _speculative(core: Any) -> bool:
-    return getattr(core, "draft", None) is not None and getattr(core.opts, "spec", 0) > 0
+def _speculative(core: ServedCore) -> bool:
+    return core.draft is not None and core.opts is not None and core.opts.spec > 0
 
 
-def _model_path(core: Any) -> str:
-    main = getattr(getattr(core, "pack", None), "main", None)
-    return str(main.path) if main is not None else ""
+def _model_path(core: ServedCore) -> str:
+    return str(core.pack.main.path) if core.pack is not None else ""
 
 
-def props(core: Any) -> dict[str, Any]:
+def props(core: ServedCore) -> dict[str, Any]:
     n_ctx = int(core.n_ctx)
     chat = core.chat
     return {
@@ -142,7 +142,7 @@ def props(core: Any) -> dict[str, Any]:
     }
 
 
-def slots(api: "EngineState", core: Any) -> list[dict[str, Any]]:
+def slots(api: "EngineState", core: ServedCore) -> list[dict[str, Any]]:
     """core.slots_info() under llama-server's names, with the request each slot runs (its id as
     the client got it, its sampling) and Strata's own counts beside them."""
     running = {h.request.request_id: (task, h.request.params) for h, task in api.live.items()}

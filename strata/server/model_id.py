@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+from strata.server.served_core import ServedCore
 
 # file stems that name no model (`model-00001-of-00003.gguf`, `ggml-model-q4_0.gguf`'s split sets):
 # such a pack is served under its general.name, slugged, as a directory pack is
@@ -34,10 +35,10 @@ def model_id_of(pack: Any, named_dir: bool) -> str:
     return (slug(general) if isinstance(general, str) else "") or stem or "strata"
 
 
-def served_names(core: Any) -> tuple[str, frozenset[str]]:
+def served_names(core: ServedCore) -> tuple[str, frozenset[str]]:
     """(the served id, every name a request may give for it). A core without a pack (the tests'
     scripted ones) is served under its model_name."""
-    pack, opts = getattr(core, "pack", None), getattr(core, "opts", None)
+    pack, opts = core.pack, core.opts
     if pack is None or opts is None:
         return core.model_name, frozenset({core.model_name})
     from strata.pack.loader import user_path

@@ -11,9 +11,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from strata.server.errors import APIError, invalid
+from strata.server.served_core import ServedCore
 
 # a character outside the vocabulary may still become one token (<unk>): never assume fewer
 # than 4 bytes (one UTF-8 character) per token
@@ -26,14 +27,11 @@ class PromptLimits:
     max_token_bytes: int | None = None  # None: unknown, texts are not pre-checked
 
     @classmethod
-    def of_core(cls, core: Any) -> "PromptLimits":
-        tok = getattr(core, "tokenizer", None)
-        sizes = [n for n in (getattr(tok, "vocab_size", None),
-                             getattr(getattr(core, "cfg", None), "vocab_size", None)) if isinstance(n, int) and n > 0]
-        vocab = min(sizes) if sizes else None
-        longest = None
-        if tok is not None and getattr(tok, "vocab_size", None):
-            longest = max(MIN_TOKEN_BYTES, max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)))
+    def of_core(cls, core: ServedCore) -> "PromptLimits":
+        tok = core.tokenizer
+        # the tokenizer's and the model's vocabulary (a scripted core has no model config)
+        vocab = min(tok.vocab_size, core.cfg.vocab_size) if core.cfg is not None else tok.vocab_size
+        longest = max(MIN_TOKEN_BYTES, max(len(tok.token_bytes(i)) for i in range(tok.vocab_size)))
         return cls(vocab, longest)
 
     def check_ids(self, ids: Sequence[int], param: str, keyed: bool = False) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from strata.protocol import ConstraintSpec
 from strata.errors import StrataError
 from strata.server.errors import invalid
+from strata.server.served_core import ServedCore
 
 # the kind a response_format type asks for (text: none)
 FORMAT_KINDS: dict[str, str | None] = {"text": None, "json_object": "json_object", "json_schema": "json_schema"}
@@ -77,7 +78,7 @@ def plan_completion(req) -> OutputPlan:
     return OutputPlan(spec, where)
 
 
-def plan_chat(core: Any, req, messages: list[dict], hide=lambda value: value) -> tuple[list[dict], list[dict] | None, OutputPlan]:
+def plan_chat(core: ServedCore, req, messages: list[dict], hide=lambda value: value) -> tuple[list[dict], list[dict] | None, OutputPlan]:
     """(the messages and tools to render, the plan) of a chat request. `hide`: what the
     request's own strings go through before they are rendered (ContentText.hide: special-token
     text in a tool's description stays text, also where the tools are written into a message)."""
@@ -104,7 +105,7 @@ def plan_chat(core: Any, req, messages: list[dict], hide=lambda value: value) ->
     return shown, tools, OutputPlan(forced, "tool_choice", fmt)
 
 
-def check_constraint(core: Any, plan: OutputPlan) -> None:
+def check_constraint(core: ServedCore, plan: OutputPlan) -> None:
     """Compile the plan's constraint (a cache hit for the engine later); 400 naming its field.
     Run off the event loop: a large schema takes a while."""
     if plan.constraint is None:
@@ -112,6 +113,6 @@ def check_constraint(core: Any, plan: OutputPlan) -> None:
     from strata.grammar import GrammarError, compile_constraint
 
     try:
-        compile_constraint(plan.constraint, core.tokenizer, n_vocab=getattr(getattr(core, "cfg", None), "vocab_size", None))
+        compile_constraint(plan.constraint, core.tokenizer, n_vocab=core.cfg.vocab_size if core.cfg is not None else None)
     except GrammarError as e:
         raise invalid(f"{plan.constraint_field}: {e.message}", param=plan.constraint_field) from None
