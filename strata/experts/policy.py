@@ -40,9 +40,12 @@ class LRU:
         return rates.astype(np.float64), np.zeros(len(rates)), rates / (top + 1.0) - 1.0 if top > 0 else rates - 1.0
 
 
-# windows: on the bench's traces (bench/expert_cache_policy.py) 32 is within 0.2 points of the best
-# half-life on the trace with temporal locality and 3-7 points over LRU on the skewed ones at a
-# quarter of the experts cached; 64 and longer lose 6-13 points on the temporal trace
+# windows: on the bench's traces (bench/expert_cache_policy.py, a quarter of the experts cached), at
+# one token per window 32 is within 0.2 points of the best half-life on the trace with temporal
+# locality and 3-7 points over LRU on the skewed ones; 64 and longer lose 6-13 points on the
+# temporal trace. At four tokens per window (--batch 4) the same 32 windows lose 16 points to LRU on
+# the temporal trace while gaining 9-11 on the skewed ones; 8 windows (the same 32 tokens) lose 4 and
+# gain 5-7: the half-life is counted in windows, so batched decode remembers longer
 DEFAULT_HALF_LIFE = 32.0
 
 
