@@ -145,3 +145,28 @@ def test_the_tools_read_a_pack_split_over_shards(tmp_path, capsys):
     assert rc == 0 and "per_layer_token_embd" in rows["IQ4_NL"] and "blk.*.hc_ffn_norm" in rows["F32"]
     rc, out, _ = _cli(capsys, "probe", "--native", first, "--device", "cpu", "--json")
     assert rc == 0 and len(json.loads(out)["tensors"]) == 145
+
+
+@pytest.mark.parametrize("spec", [0, 3])
+def test_probe_sizes_the_rollback_copy_as_the_engine_does(iq3s_pack, spec):
+    """The probe's state-checkpoint plan counts what the engine counts per slot: the DeltaNet
+    states and, for qwen4exp, the n-gram conv history with its replay rows."""
+    from strata.cli.probe import checkpoint_plan
+    from strata.engine.core import EngineCore
+    from strata.engine.options import parse_engine_args
+    from strata.model.transformer import Transformer
+
+    flags = ["--pack", str(iq3s_pack), "--device", "cpu", "--parallel", "2", "--spec", str(spec)]
+    opts = parse_engine_args(flags, serving=False)
+    pack = open_pack(pack=str(iq3s_pack))
+    try:
+        plan = checkpoint_plan(pack, opts, "cpu")
+    finally:
+        pack.close()
+    core = EngineCore.load(parse_engine_args(flags, serving=False), log=lambda line: None)
+    try:
+        model = core.model
+        assert plan.per_slot == model.checkpoint_bytes() > 0
+        assert model.checkpoint_bytes() > Transformer.checkpoint_bytes(model)  # the n-gram history's rows count
+    finally:
+        core.stop()

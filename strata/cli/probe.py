@@ -66,12 +66,17 @@ def checkpoint_plan(pack, opts: EngineOptions, backend: str) -> CheckpointPlan |
     from strata.model.recurrent_state import REPLAY_TOKENS, recurrent_shape
     from strata.model.recurrent_state import HybridCache
 
-    shape = recurrent_shape(pack.model_config())
+    cfg = pack.model_config()
+    shape = recurrent_shape(cfg)
     replay = max(REPLAY_TOKENS, opts.spec + 1)
+    # what a model adds beside the DeltaNet states (qwen4exp's n-gram conv history), as the engine counts it
+    extra = {cp: cfg.hybrid.extra_state_bytes(cfg.n_embd, replay, cp) for cp in (False, True)}
     free = _free_device_bytes(backend) if backend == "cuda" else _free_host_bytes()
     after_weights = None if free is None else free - _weights_estimate(pack, backend)
-    budget = checkpoint_budget(after_weights, backend, opts.parallel, HybridCache.state_bytes(shape, replay, False))
-    return plan_checkpoints(opts.state_checkpoints, opts.parallel, HybridCache.checkpoint_bytes(shape, replay), budget)
+    one_copy = HybridCache.state_bytes(shape, replay, False) + extra[False]
+    budget = checkpoint_budget(after_weights, backend, opts.parallel, one_copy)
+    rollback = HybridCache.checkpoint_bytes(shape, replay) + extra[True] - extra[False]
+    return plan_checkpoints(opts.state_checkpoints, opts.parallel, rollback, budget)
 
 
 def open_model(opts: EngineOptions):

@@ -95,11 +95,8 @@ class HyperTransformer(Transformer):
 
     # --- what a sequence keeps beside its KV cache (the engine's start-up lines) ------------
     def _ple_bytes(self, checkpoint: bool) -> int:
-        """The PLE history (Qwen4ExpCache): the current one, the one at the window's start and
-        the next; with a checkpoint also the rows of a window short enough to be cut inside."""
-        h = self.cfg.hybrid
-        row = 4 * h.hc_count * self.cfg.n_embd
-        return (3 * h.ple_history_rows + (self.replay_tokens if checkpoint else 0)) * row if h.ple_layers else 0
+        """The PLE history (Qwen4ExpConfig.extra_state_bytes)."""
+        return self.cfg.hybrid.extra_state_bytes(self.cfg.n_embd, self.replay_tokens, checkpoint)
 
     def state_bytes(self, checkpoint: bool = True) -> int:
         """Private bytes per sequence besides what grows with its length: the DeltaNet states

@@ -79,6 +79,12 @@ class Qwen4ExpConfig(HybridConfig):
     def ple_history_rows(self) -> int:
         return (self.ple_conv_kernel - 1) * self.ple_ngram if self.ple_layers else 0
 
+    def extra_state_bytes(self, n_embd: int, replay_tokens: int, checkpoint: bool) -> int:
+        """The PLE history (Qwen4ExpCache): the current one, the one at the window's start and the
+        next; with a checkpoint also the rows of a window short enough to be cut inside."""
+        row = 4 * self.hc_count * n_embd
+        return (3 * self.ple_history_rows + (replay_tokens if checkpoint else 0)) * row if self.ple_layers else 0
+
     @property
     def ple_table_rows(self) -> int:
         """The rows the hash reaches."""

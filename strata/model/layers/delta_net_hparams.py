@@ -76,6 +76,11 @@ class HybridConfig:
     def n_recurrent(self) -> int:
         return sum(self.recurrent)
 
+    def extra_state_bytes(self, n_embd: int, replay_tokens: int, checkpoint: bool) -> int:
+        """A sequence's private state beyond the DeltaNet states and conv windows (none here; an
+        architecture with more declares it: qwen4exp's n-gram conv history)."""
+        return 0
+
     def key_head_of(self) -> np.ndarray:
         """For each value head, the key head it reads (DeltaNetTraits: tiled or grouped)."""
         j = np.arange(self.n_v_heads)
