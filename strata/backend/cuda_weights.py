@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from strata.backend.base import TensorSource
+from strata.gguf.row_source import HOST_ROW_TENSORS
 from strata.kernels.dequant import dequantize
 from strata.kernels.ggml_types import type_by_id
 
@@ -110,13 +111,16 @@ class Uploads:
             del self._blocks[key]
 
 
+HOST_SIDE = ("token_embd", *HOST_ROW_TENSORS)  # tensors weight_bytes leaves out
+
+
 def weight_bytes(tensors: Sequence[Any], native_types: set[int]) -> int:
     """What the pack's tensors take on the device once loaded, at least: native types their own
     blocks, others dequantized to float16, 1-D tensors float32. The token embedding is left out
-    (it may stay on the host)."""
+    (it may stay on the host), and the n-gram table (it always does: strata/gguf/row_source.py)."""
     total = 0
     for t in tensors:
-        if t.name.startswith("token_embd"):
+        if t.name.startswith(HOST_SIDE):
             continue
         n = int(np.prod(t.shape))
         if len(t.shape) == 1:

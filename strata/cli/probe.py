@@ -22,6 +22,7 @@ import os
 from strata.backend.kernel_table import resolve_backend, table_for_backend
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.options import EngineOptions, add_engine_arguments
+from strata.gguf.row_source import HOST_ROW_TENSORS
 from strata.kernels.probe import run_probe, tensor_map
 
 
@@ -43,10 +44,12 @@ def _free_device_bytes(backend: str) -> int | None:
 
 def _weights_estimate(pack, backend: str) -> int:
     """What the pack's weights take once loaded, roughly: the CPU backend dequantizes them to
-    float32, the GPU keeps quantized blocks (about their size in the file)."""
+    float32, the GPU keeps quantized blocks (about their size in the file). Tables read by rows
+    on the host (the n-gram table) take neither."""
+    loaded = [t for name, t in pack.tensors.items() if not name.startswith(HOST_ROW_TENSORS)]
     if backend == "cpu":
-        return sum(4 * math.prod(t.shape) for t in pack.tensors.values())
-    return int(pack.total_bytes)
+        return sum(4 * math.prod(t.shape) for t in loaded)
+    return sum(int(t.nbytes) for t in loaded)
 
 
 def _free_host_bytes() -> int | None:

@@ -23,6 +23,7 @@ from strata.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
 from strata.experts.budget import expert_tensors, plan_cache
 from strata.experts.profile import read_profile, write_profile
+from strata.gguf.row_source import HostTables
 from strata.sampling.logit_adjust import bans_everything
 from strata.model.archs import ARCHS
 from strata.model.build import build_model
@@ -296,9 +297,15 @@ class EngineCore:
         if line is not None:  # (once the pack and the draft are accepted: a refusal stays one line)
             log(line)
         get = lambda name: pack.tensors.get(name)  # noqa: E731
+        tables = HostTables(opts.ple_io, say=log)  # the n-gram table's rows, read as --ple-io says
         with _load_errors(backend, f"pack {pack.label}"):
             self.model = build_model(backend, cfg, get,
-                                     progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"))
+                                     progress=_progress(log, f"loading {cfg.n_layer} layers on {backend.name}"),
+                                     tables=tables)
+        for line in tables.lines():
+            log(line)
+        if not tables.opened and "--ple-io" in opts.given_flags:
+            log(f"strata: warning: --ple-io {opts.ple_io} has no effect: pack {pack.label} has no n-gram table")
         self.n_ctx = min(opts.max_context or cfg.n_ctx_train, 1 << 30)
         warning = past_training_warning(opts.max_context, cfg.n_ctx_train, cfg.arch, pack.metadata)
         if warning is not None:

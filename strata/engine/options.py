@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from strata.experts.budget import CacheRequest, parse_cache_request
 from strata.experts.policy import POLICIES
+from strata.gguf.row_source import MODES as PLE_IO_MODES
 from strata.sampling.bounds import SAMPLING_BOUNDS
 from strata.errors import StrataError
 
@@ -67,6 +68,7 @@ def _int_at_least(minimum: int):
 _positive_int = _int_at_least(1)
 
 DAY = 86400.0
+PLE_IO = tuple(PLE_IO_MODES)  # mmap (the default), ram, direct
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,14 @@ FLAGS: tuple[Flag, ...] = (
          help="memory for reusing computed prompt prefixes across requests (0: off)"),
     Flag(("--kv-resident",), "int | None", bound=Bound(1, 1 << 30), help="(accepted; see warnings)",
          not_honoured="the whole KV cache stays resident; there is no host spill tier"),
+    # (strata/gguf/row_source.py: the three sources)
+    Flag(("--ple-io",), "str", "mmap", choices=PLE_IO, metavar="|".join(PLE_IO),
+         help="how the n-gram table (qwen4exp's per_layer_token_embd: 26.8 GiB on the real model, 16 rows a "
+              "token) is read; it stays on the host, never on the GPU. mmap: the file's map, nothing read "
+              "at load, rows kept by the page cache (which the OS may evict); ram: copied into process memory "
+              "at load (its whole size in RAM, a load that takes a while), then every row at memory speed; "
+              "direct: each window's rows read from the file (O_DIRECT where the OS and file system allow: no "
+              "page cache used, a read per run of rows every window). No effect on packs without the table"),
     # (strata/experts/: the pool's bookkeeping, its policies and the profile file)
     Flag(("--expert-cache",), "str", "auto", type=_expert_cache, metavar="auto|off|SIZE|N%",
          help="routed experts in host RAM behind a pool of device slots: SIZE of device memory (512MiB, 20GiB) "

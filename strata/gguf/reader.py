@@ -32,6 +32,7 @@ from strata.gguf.constants import (
 from strata.kernels.ggml_types import GGMLType, type_by_id
 
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)  # POSIX; Windows' maps take no such advice
 MAX_ALIGNMENT = 1 << 16
 MAX_ELEMENTS = 1 << 62  # far past any real tensor, and still safe for numpy's int64 sizes
 # The fewest bytes one record can take: a metadata pair (empty key, type, one-byte value) and a
@@ -85,6 +86,13 @@ class TensorInfo:
     def data(self) -> np.ndarray:
         """The tensor's raw bytes as a read-only uint8 view of the file map (no copy)."""
         return self._source._view(self.offset, self.nbytes)
+
+    def advise_random(self) -> bool:
+        """Have the OS read this tensor's pages one at a time when first touched, without the
+        read-around it gives a mapped file (a table read at random rows: otherwise each miss
+        reads the device's read-ahead window, 128 KiB or more, for the page it needs). False
+        where the OS takes no advice."""
+        return self._source._advise_random(self.offset, self.nbytes)
 
 
 class _Cursor:
@@ -298,6 +306,13 @@ class GGUFFile:
         if self._array is None:
             self._array = np.frombuffer(self._map, dtype=np.uint8)
         return self._array[offset : offset + nbytes]
+
+    def _advise_random(self, offset: int, nbytes: int) -> bool:
+        if MADV_RANDOM is None or nbytes == 0:
+            return False
+        start = offset // mmap.PAGESIZE * mmap.PAGESIZE  # madvise takes page-aligned starts
+        self._map.madvise(MADV_RANDOM, start, offset + nbytes - start)
+        return True
 
     @property
     def arch(self) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from strata.backend.base import Backend
+from strata.gguf.row_source import HostTables
 from strata.model.archs import ARCHS
 from strata.model.kv_cache import KVCache
 from strata.model.layers.hparams import ModelConfig
@@ -49,13 +50,16 @@ def _stderr(line: str) -> None:
 
 
 class HyperTransformer(Transformer):
-    """Module doc. `say` takes the load's notes (default: stderr)."""
+    """Module doc. `say` takes the load's notes (default: stderr); `tables` reads the tensors that
+    stay on the host (the n-gram table) by rows, in the mode --ple-io picks (default: mmap)."""
 
     draft_graphable = False
 
     def __init__(self, backend: Backend, cfg: ModelConfig, get: TensorLookup,
-                 progress: Callable[[int, int], None] | None = None, say: Callable[[str], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, say: Callable[[str], None] | None = None,
+                 tables: HostTables | None = None):
         b, h = backend, cfg.hybrid
+        tables = tables if tables is not None else HostTables()  # (one for every layer: a shared table opens once)
         self.b, self.cfg, self.spec = b, cfg, ARCHS[cfg.arch]
         self.rope = rope_params(cfg)
         load_embedding(self, b, cfg, get)
@@ -63,7 +67,7 @@ class HyperTransformer(Transformer):
         n_rec = n_att = 0
         for i, rec in enumerate(h.recurrent):
             index = n_rec if rec else n_att
-            self.layers.append(self.spec.block(b, cfg, Reader(get, f"blk.{i}."), self.rope, i, index))
+            self.layers.append(self.spec.block(b, cfg, Reader(get, f"blk.{i}.", tables), self.rope, i, index))
             n_rec, n_att = n_rec + rec, n_att + (not rec)
             if progress:
                 progress(i + 1, cfg.n_layer)

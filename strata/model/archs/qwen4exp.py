@@ -176,7 +176,7 @@ class Layer:
         """i: the block (its kind, compress ratio and n-gram layer); ratio given: a QSA layer
         of that ratio outside the main stack (the MTP layer's), without an n-gram layer."""
         h, E, eps = cfg.hybrid, cfg.n_embd, cfg.rms_eps
-        r = Reader(_flat_shexp_gate(r.get), r.prefix)
+        r = Reader(_flat_shexp_gate(r.get), r.prefix, r.tables)
         main = ratio is None
         self.recurrent, self.index = (h.recurrent[i] if main else False), index
         self.hc_attn = HyperMix(b, r, "hc_attn_", E, h.hc_count, h.hc_rank, eps)
@@ -188,8 +188,7 @@ class Layer:
         self.ffn = MoE(b, cfg, r, shared_ff=h.shexp_ff, normalize=True)
         self.ple = None
         if main and i in h.ple_layers:
-            table = RowTable(Reader(r.get, "").req(ngram_embedding.TABLE, None))
-            ngram_embedding.check_table(table, h)
+            table = RowTable(Reader(r.get, "").req(ngram_embedding.TABLE, None), h, r.tables)
             self.ple = NGramEmbedding(b, r, table, h, E, eps)
 
     def run(self, X: Any, spans: Sequence[Any], positions: Any, table: Any) -> Any:

@@ -33,6 +33,8 @@ import numpy as np
 from strata.backend.base import Backend, TensorSource
 from strata.errors import StrataError
 from strata.gguf.key_rules import AT_LEAST_1, Key, Kind, Range, Relation
+from strata.gguf.reader import TensorInfo
+from strata.gguf.row_source import HostTables
 from strata.kernels.dequant import dequantize_rows
 from strata.kernels.ggml_types import type_by_id
 from strata.model.layers.attention import norm_spec
@@ -151,24 +153,26 @@ def hashed_rows(ctx: np.ndarray, mult: np.ndarray, offsets: np.ndarray, sizes: n
 
 
 class RowTable:
-    """The n-gram table read by rows from the pack's data (it may be far too large to decode
-    whole: 320M rows on the real model); any GGML type whose blocks tile a row."""
+    """The n-gram table read by rows: far too large to decode whole or to send to the device (320M
+    rows on the real model), it stays on the host, and each window's rows come from a RowSource
+    (strata/gguf/row_source.py, the mode --ple-io picks) as raw blocks, dequantized here; any
+    GGML type whose blocks tile a row. Its shape is held to the metadata before it is opened
+    (ram copies the whole table)."""
 
-    def __init__(self, src: TensorSource):
+    def __init__(self, src: TensorInfo, hp: Any, tables: HostTables):
         row_len, self.rows = int(src.shape[0]), int(src.shape[1])
         gtype = type_by_id(src.ggml_type)
         if gtype is None or row_len % gtype.block_size:
             raise StrataError(f"tensor {src.name}: rows of {row_len} values are not whole blocks of its type")
-        self.src, self.row_len = src, row_len
+        self.ggml_type, self.row_len = src.ggml_type, row_len
         self.row_bytes = row_len // gtype.block_size * gtype.type_size
-        self._raw: Any = None
+        check_table(self, hp)
+        self.source = tables.open(src, self.row_bytes, "n-gram table")
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """ids (...) row indices -> (..., row_len) float32."""
-        if self._raw is None:
-            self._raw = np.asarray(self.src.data()).reshape(self.rows, self.row_bytes)
-        flat = ids.reshape(-1)
-        return dequantize_rows(self.src.ggml_type, self._raw[flat]).reshape(*ids.shape, self.row_len)
+        raw = self.source.rows(ids.reshape(-1))
+        return dequantize_rows(self.ggml_type, raw).reshape(*ids.shape, self.row_len)
 
 
 def check_table(table: RowTable, hp: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from strata.backend.base import SourceView, TensorSource
 from strata.errors import StrataError
+from strata.gguf.row_source import HostTables
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,13 @@ class AsColumn(SourceView):
 
 
 class Reader:
-    """Tensors of one layer (`prefix`), each checked against its expected shape."""
+    """Tensors of one layer (`prefix`), each checked against its expected shape; `tables` reads
+    those that stay on the host by rows (the n-gram table: strata/gguf/row_source.py), one
+    for the whole model, so that a table several layers share is opened once."""
 
-    def __init__(self, get: TensorLookup, prefix: str):
+    def __init__(self, get: TensorLookup, prefix: str, tables: HostTables | None = None):
         self.get, self.prefix = get, prefix
+        self.tables = tables if tables is not None else HostTables()
 
     def req(self, name: str, shape: tuple[int, ...] | None) -> TensorSource:
         return expect(self.get(self.prefix + name), self.prefix + name, shape)
