@@ -18,6 +18,7 @@ import numpy as np
 from strata.backend.base import Backend, TensorSource
 from strata.backend.cpu_experts import CpuExpertStore, DenseExperts  # noqa: F401  (DenseExperts: bench_cpu reads it here)
 from strata.errors import StrataError
+from strata.host_memory import available_host_bytes
 from strata.kernels.dequant import dequantize
 
 
@@ -174,20 +175,7 @@ class CpuBackend(Backend):
         return a
 
     def free_bytes(self) -> int | None:
-        # Linux's MemAvailable counts the page cache the kernel gives back on demand, which
-        # free pages (SC_AVPHYS_PAGES, the fallback) leave out: a machine that has read a few
-        # GiB of files shows little "free" memory with plenty to give
-        try:
-            with open("/proc/meminfo", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        try:  # POSIX; elsewhere (Windows) unknown, and the room checks are skipped
-            return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-        except (AttributeError, ValueError, OSError):
-            return None
+        return available_host_bytes()
 
     def linear_weight(self, sources: Sequence[TensorSource]) -> DenseWeight:
         mats = [self._dense(s) for s in sources]

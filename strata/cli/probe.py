@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 
 from strata.backend.kernel_table import resolve_backend, table_for_backend
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.options import EngineOptions, add_engine_arguments
 from strata.gguf.row_source import HOST_ROW_TENSORS
+from strata.host_memory import available_host_bytes
 from strata.kernels.probe import run_probe, tensor_map
 
 
@@ -52,13 +52,6 @@ def _weights_estimate(pack, backend: str) -> int:
     return sum(int(t.nbytes) for t in loaded)
 
 
-def _free_host_bytes() -> int | None:
-    try:  # as the CPU backend's free_bytes (strata/backend/cpu.py)
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def checkpoint_plan(pack, opts: EngineOptions, backend: str) -> CheckpointPlan | None:
     """The engine's decision of rollback copies (EngineCore._plan_checkpoints), without loading:
     None for a model without a recurrent state."""
@@ -74,7 +67,7 @@ def checkpoint_plan(pack, opts: EngineOptions, backend: str) -> CheckpointPlan |
     replay = max(REPLAY_TOKENS, opts.spec + 1)
     # what a model adds beside the DeltaNet states (qwen4exp's n-gram conv history), as the engine counts it
     extra = {cp: cfg.hybrid.extra_state_bytes(cfg.n_embd, replay, cp) for cp in (False, True)}
-    free = _free_device_bytes(backend) if backend == "cuda" else _free_host_bytes()
+    free = _free_device_bytes(backend) if backend == "cuda" else available_host_bytes()
     after_weights = None if free is None else free - _weights_estimate(pack, backend)
     one_copy = HybridCache.state_bytes(shape, replay, False) + extra[False]
     budget = checkpoint_budget(after_weights, backend, opts.parallel, one_copy)

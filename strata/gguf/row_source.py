@@ -37,6 +37,7 @@ import numpy as np
 
 from strata.errors import StrataError
 from strata.gguf.reader import TensorInfo
+from strata.host_memory import available_host_bytes
 
 # tensors that stay on the host whatever the backend, read by rows (the memory estimates leave them out)
 HOST_ROW_TENSORS = ("per_layer_token_embd",)
@@ -104,32 +105,6 @@ class MappedRows(_Rows):
 
     def _read(self, rows: np.ndarray) -> np.ndarray:
         return self._map[rows]
-
-
-def available_host_bytes() -> int | None:
-    """Memory the host can give this process now; None where it cannot be told."""
-    try:  # Linux: MemAvailable counts the page cache the kernel gives back on demand
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if os.name == "nt":
-        import ctypes
-
-        class _Status(ctypes.Structure):  # MEMORYSTATUSEX
-            _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + \
-                       [(n, ctypes.c_ulonglong) for n in ("total", "avail", "page_total", "page_avail",
-                                                          "virtual_total", "virtual_avail", "extended")]
-
-        s = _Status()
-        s.length = ctypes.sizeof(_Status)
-        return int(s.avail) if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(s)) else None
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def _host_buffer(n: int) -> np.ndarray:
