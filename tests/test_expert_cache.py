@@ -182,7 +182,7 @@ def test_layers_of_one_size_share_a_global_pool():
     assert len(plan.pools) == 1 and plan.pools[0] == PoolSpec(16, 300)
     assert [g.pool for g in plan.groups] == [0] * 4 and [g.name for g in plan.groups] == [f"blk.{i}." for i in range(4)]
     assert (plan.n_slots, plan.n_units, plan.expert_bytes, plan.pool_bytes) == (16, 64, 64 * 300, 16 * 300)
-    line = plan.line("cuda", emulated=False)
+    line = plan.line("on the cuda", "in host RAM")
     assert "16 slots of 64" in line and "on the cuda" in line and "in host RAM" in line
 
 

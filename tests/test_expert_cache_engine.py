@@ -1,5 +1,5 @@
 """The expert cache in the engine, on the CPU backend: `--expert-cache N%` builds a pool smaller
-than the experts (on the CPU an emulation of the device tier, strata/backend/cpu_experts.py), and
+than the experts (float32 slots over the pack's quantized blocks, strata/backend/cpu_experts.py), and
 greedy tokens equal the all-resident engine's in every mode of the greedy record (plain, two slots
 batched, --spec 2 with and without --batch-mtp) for qwen3moe (tiny, and seed-moe with its draft),
 qwen35moe and qwen4exp, while the pool hits, misses, evicts and serves what does not fit from host."""
@@ -81,7 +81,7 @@ def test_start_up_line_metrics_and_slots_show_the_cache(tmp_path_factory):
     core = _load(case, pack_dir, ["--parallel", "2", "--expert-cache", "25%"], lines)
     try:
         (line,) = [ln for ln in lines if ln.startswith("strata: experts:")]
-        assert "8 slots of 32" in line and "in host RAM" in line and "emulates the device tier" in line
+        assert "8 slots of 32" in line and "as float32 in host RAM" in line and "in the pack file" in line
         gr.run_mode(core, "parallel2", gr.SYNTH_PROMPTS)
         stats = core.metrics()["expert_cache"]
         assert stats["windows"] > 0 and stats["window_bytes"] >= 0 and 0 <= stats["hit_rate"] <= 1

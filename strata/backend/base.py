@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Collection, Protocol, Sequence
 
 import numpy as np
 
@@ -46,6 +46,14 @@ class SourceView:
 
     def data(self) -> Any:
         return self.src.data()
+
+
+@dataclass(frozen=True)
+class ExpertTier:
+    """Where a backend's expert pool keeps things, in words for the engine's start-up line."""
+
+    slots: str  # the pool's slots ("on the cuda", "as float32 in host RAM")
+    blocks: str  # every expert's blocks, the tier a miss is filled from ("in host RAM")
 
 
 @dataclass(frozen=True)
@@ -88,13 +96,13 @@ class Backend(ABC):
         """A 3-D expert weight: ne [in, out, n_expert]."""
 
     # ---- the expert store (strata.experts: the cache's plan, its counters) ----------------
-    # where an expert pool smaller than the experts lives: None (not built: every expert resident),
-    # "device", or "emulated" (host memory standing in for the device, for tests)
-    expert_pool: str | None = None
+    # where an expert pool smaller than the experts keeps things (None: the backend builds no
+    # pool, every expert is resident)
+    expert_pool: ExpertTier | None = None
 
     def expert_bytes(self, ggml_type: int, shape: tuple[int, ...]) -> int:
-        """Bytes one expert of an expert tensor (ne [in, out, n_expert]) takes on the device:
-        here its GGUF blocks."""
+        """Bytes one expert of an expert tensor (ne [in, out, n_expert]) takes on the device,
+        resident or in a pool's slot: here its GGUF blocks."""
         return type_by_id(ggml_type).row_bytes(int(shape[0])) * int(shape[1])
 
     def configure_experts(self, plan: Any, policy: str, policy_args: dict, rates: Any) -> None:
@@ -156,10 +164,16 @@ class Backend(ABC):
         """Memory still free on the device for per-slot state (None: unknown)."""
         return None
 
-    def weight_bytes(self, tensors: Sequence[Any]) -> int | None:
+    def weight_bytes(self, tensors: Sequence[Any], mapped: Collection[str] = ()) -> int | None:
         """A lower bound of the device memory these pack tensors (TensorInfo) take once loaded,
-        checked against free_bytes() before loading (None: not checked)."""
+        checked against free_bytes() before loading (None: not checked). The tensors named in
+        `mapped` (an expert pool's: its slots are counted apart) take none."""
         return None
+
+    def load_peak_bytes(self, tensors: Sequence[Any], mapped: Collection[str] = ()) -> int:
+        """Memory a load of these tensors takes for a moment beyond what it keeps (a tensor's
+        temporaries while it is made): room the expert cache's auto leaves. Nothing here."""
+        return 0
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """Whether exc says the backend's memory ran out (a request or a load, not a bug)."""

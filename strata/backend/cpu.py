@@ -1,55 +1,36 @@
 """The numpy backend.
 
-Quantized weights are dequantized once, at load, into float32 matrices that BLAS reads:
-on a 2-core CPU the mat-vec is bound by memory bandwidth either way, and BLAS over float32
-beats any numpy re-implementation of blockwise integer dots by a wide margin. The numpy
-mirrors of the native MMVQ kernels (strata.kernels.mmvq_numpy) compute what the CUDA
-kernels compute and are used to test them, not for speed.
+Quantized weights are dequantized once, at load, into float32 matrices that BLAS reads
+(cpu_layout.py): on a 2-core CPU the mat-vec is bound by memory bandwidth either way, and BLAS
+over float32 beats any numpy re-implementation of blockwise integer dots by a wide margin. The
+exception is the routed experts an expert cache pools (--expert-cache; cpu_experts.py): they stay
+quantized in the pack's map and only a pool of them is float32, so a MoE whose float32 experts
+exceed the RAM still runs. The numpy mirrors of the native MMVQ kernels (strata.kernels.mmvq_numpy)
+compute what the CUDA kernels compute and are used to test them, not for speed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
-from strata.backend.base import Backend, TensorSource
+from strata.backend.base import Backend, ExpertTier, TensorSource
 from strata.backend.cpu_experts import CpuExpertStore, DenseExperts  # noqa: F401  (DenseExperts: bench_cpu reads it here)
+from strata.backend.cpu_layout import TRANSPOSE_ROWS, dequantize_source, transposed  # noqa: F401  (read from here)
 from strata.errors import StrataError
+from strata.gguf.row_source import HOST_ROW_TENSORS
 from strata.host_memory import available_host_bytes
-from strata.kernels.dequant import dequantize
 
 
 @dataclass
 class DenseWeight:
-    # Stored transposed, (in, out) C-contiguous: OpenBLAS's mat-vec streams this layout at
-    # ~1.75x the bandwidth of the (out, in) one (23.8 vs 13.6 GB/s measured, one thread).
-    wt: np.ndarray
+    wt: np.ndarray  # (in, out) float32, C-contiguous (cpu_layout.py says why)
     names: tuple[str, ...]
     type_ids: tuple[int, ...]
-
-
-# Rows copied per step when a weight is transposed: a block of rows (and its columns of the
-# result) stays in cache, where numpy's one-pass transposed copy strides through all of memory
-# (the 49152 x 576 head: 135 vs 392 ms; the model loads ~0.5 s sooner).
-TRANSPOSE_ROWS = 128
-
-
-def transposed(mats: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-    """The rows of mats stacked, transposed, as one C-contiguous float32 array (in, sum of outs),
-    written into `out` when given."""
-    n_in = mats[0].shape[1]
-    if out is None:
-        out = np.empty((n_in, sum(m.shape[0] for m in mats)), np.float32)
-    col = 0
-    for m in mats:
-        for r in range(0, m.shape[0], TRANSPOSE_ROWS):
-            block = m[r : r + TRANSPOSE_ROWS]
-            out[:, col + r : col + r + block.shape[0]] = block.T
-        col += m.shape[0]
-    return out
 
 
 ENV_THREADS = "STRATA_CPU_THREADS"  # the default of --threads, for every engine a process starts
@@ -121,21 +102,37 @@ def choose_threads(flag: int | None) -> tuple[int, str]:
     return n, f"{cores} usable cores, 1-minute load average {load:.2f}; --threads N sets it"
 
 
-def dequantize_source(src: TensorSource) -> np.ndarray:
-    """Dequantize a tensor to float32 shaped numpy-style (reverse of ggml's ne order)."""
-    n = int(np.prod(src.shape))
-    flat = dequantize(src.ggml_type, src.data(), n)
-    return flat.reshape(tuple(reversed(src.shape)))
+# Test-only: the host memory (bytes) the CPU backend may take, as if the machine had only that
+# available; free_bytes then reports it less what the backend's weights hold (and never more than
+# the host really has). Tests make a pack "larger than memory" with it; it is no user setting.
+ENV_MEMORY = "STRATA_CPU_MEMORY"
+
+# tensors the model reads by rows from the pack's file, never decoded whole (the n-gram table:
+# strata/gguf/row_source.py): they take no memory of their own (--ple-io ram says its own copy)
+_READ_BY_ROWS = HOST_ROW_TENSORS
+
+
+def _memory_from_env() -> int | None:
+    raw = os.environ.get(ENV_MEMORY, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise StrataError(f"{ENV_MEMORY}={raw!r}: expected a whole number of bytes (a test setting)")
+    return int(raw)
 
 
 class CpuBackend(Backend):
     name = "cpu"
     xp = np
-    expert_pool = "emulated"  # cpu_experts.py: the pool runs the cache's logic; it saves no memory
+    # cpu_experts.py: float32 slots in RAM, the pooled experts' blocks read from the pack's map
+    expert_pool = ExpertTier(slots="as float32 in host RAM",
+                             blocks="stay quantized in the pack file, mapped: a miss dequantizes its expert from there")
 
     def __init__(self, threads: int | None = None) -> None:
         self._cache: dict[str, np.ndarray] = {}
-        self.experts = CpuExpertStore()  # host copies of the experts, and the slot pool when one is planned
+        self.experts = CpuExpertStore()  # resident experts, or the pool's slots over the pack's blocks
+        self.memory_cap = _memory_from_env()  # (test-only: ENV_MEMORY)
+        self._held = 0  # bytes of the weights made so far, experts aside (the store counts its own)
         # decided once, at start-up, and said in start_line (default_threads: the free cores)
         self._threads, self._threads_why = choose_threads(threads)
         self._current: int | None = None
@@ -174,8 +171,31 @@ class CpuBackend(Backend):
             self._cache[src.name] = a
         return a
 
+    def held_bytes(self) -> int:
+        """The memory this backend's weights hold (float32 matrices, vectors, the experts)."""
+        return self._held + self.experts.nbytes()
+
     def free_bytes(self) -> int | None:
-        return available_host_bytes()
+        free = available_host_bytes()
+        if self.memory_cap is None:
+            return free
+        left = max(0, self.memory_cap - self.held_bytes())
+        return left if free is None else min(free, left)
+
+    def weight_bytes(self, tensors: Sequence[Any], mapped: Collection[str] = ()) -> int | None:
+        """Every tensor dequantized to float32, except those in `mapped` (pooled experts) and
+        those read by rows from the map. A lower bound: a tied head's transposed copy is left out."""
+        return sum(4 * math.prod(t.shape) for t in tensors
+                   if t.name not in mapped and not t.name.startswith(_READ_BY_ROWS))
+
+    def load_peak_bytes(self, tensors: Sequence[Any], mapped: Collection[str] = ()) -> int:
+        """A matrix is dequantized whole, then its transposed copy made: the largest one's float32
+        for a moment (an expert tensor is made expert by expert: one expert's)."""
+        def peak(t: Any) -> int:
+            n = math.prod(t.shape)
+            return n // int(t.shape[2]) if len(t.shape) == 3 else n
+        return 4 * max((peak(t) for t in tensors if t.name not in mapped and not t.name.startswith(_READ_BY_ROWS)),
+                       default=0)
 
     def linear_weight(self, sources: Sequence[TensorSource]) -> DenseWeight:
         mats = [self._dense(s) for s in sources]
@@ -183,22 +203,21 @@ class CpuBackend(Backend):
         for s in sources:  # the transposed copy is what we keep; the embedding stays for lookups
             if not s.name.startswith("token_embd"):
                 self._cache.pop(s.name, None)
+        self._held += wt.nbytes
         return DenseWeight(wt, tuple(s.name for s in sources), tuple(s.ggml_type for s in sources))
 
     # The draft's head over its vocabulary only: the 49k-row head is ~20% of a step here, and a
     # verification window runs it once per drafted token.
     def head_columns(self, w: DenseWeight, ids: np.ndarray) -> DenseWeight:
-        return DenseWeight(np.ascontiguousarray(w.wt[:, ids]), w.names, w.type_ids)
+        wt = np.ascontiguousarray(w.wt[:, ids])
+        self._held += wt.nbytes
+        return DenseWeight(wt, w.names, w.type_ids)
 
     def expert_weight(self, source: TensorSource) -> DenseExperts:
-        w = dequantize_source(source)  # (n_expert, out, in)
-        wt = np.empty((w.shape[0], w.shape[2], w.shape[1]), np.float32)
-        for e in range(w.shape[0]):
-            transposed([w[e]], out=wt[e])
-        return self.experts.add(wt, source.name, source.ggml_type)
+        return self.experts.add(source)
 
     def expert_bytes(self, ggml_type: int, shape: tuple[int, ...]) -> int:
-        return int(shape[0]) * int(shape[1]) * 4  # float32, dequantized at load
+        return int(shape[0]) * int(shape[1]) * 4  # float32, resident or in a slot
 
     def configure_experts(self, plan: Any, policy: str, policy_args: dict, rates: Any) -> None:
         self.experts.configure(plan, policy, policy_args, rates)
@@ -214,10 +233,15 @@ class CpuBackend(Backend):
         return super().begin_window(spans)
 
     def vector(self, source: TensorSource) -> np.ndarray:
-        return np.ascontiguousarray(dequantize_source(source).reshape(-1), dtype=np.float32)
+        v = np.ascontiguousarray(dequantize_source(source).reshape(-1), dtype=np.float32)
+        self._held += v.nbytes
+        return v
 
     def embedding(self, source: TensorSource) -> np.ndarray:
-        return self._dense(source)
+        kept = source.name in self._cache
+        table = self._dense(source)
+        self._held += 0 if kept else table.nbytes
+        return table
 
     # OpenBLAS packs the whole weight for a GEMM, so a few rows cost 3-6x one row (the output
     # head, 2 threads: 3.2 ms for 1 row, ~15 ms for 2-12 rows); up to this many rows one mat-vec
@@ -236,9 +260,9 @@ class CpuBackend(Backend):
 
     def linear_experts(self, w: DenseExperts, x: np.ndarray, expert_ids: np.ndarray) -> np.ndarray:
         n, k = expert_ids.shape
-        out = np.empty((n * k, w.wt.shape[2]), dtype=np.float32)
+        out = np.empty((n * k, w.n_out), dtype=np.float32)
         flat = expert_ids.reshape(-1)
-        mats = self.experts.matrices(w, expert_ids)  # the host copies, or this window's slots
+        mats = self.experts.matrices(w, expert_ids)  # the resident experts, or this window's slots
         # x is one row per token (shared by its k experts) or one row per (token, expert)
         xin = x.reshape(n * k, -1) if x.ndim == 3 else np.repeat(x, k, axis=0)
         for e in np.unique(flat):  # one matmul per expert used in this window

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
@@ -339,8 +339,8 @@ class CudaBackend(Backend):
         limit = int(pool.get_limit())
         return min(free, max(0, limit - int(pool.used_bytes()))) if limit else free
 
-    def weight_bytes(self, tensors: Sequence[Any]) -> int | None:
-        return weight_bytes(tensors, self.native_types)
+    def weight_bytes(self, tensors: Sequence[Any], mapped: Collection[str] = ()) -> int | None:
+        return weight_bytes([t for t in tensors if t.name not in mapped], self.native_types)
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         cp = self.xp

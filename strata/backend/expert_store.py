@@ -12,7 +12,9 @@ A pool smaller than the experts (--expert-cache) keeps its bookkeeping in strata
 which knows no device: `resolve(layer, ids)` before a layer's experts names each expert's slot and
 the (expert, slot) uploads of the window; a device store then copies those experts' blocks into
 their slots and writes their slot addresses into the tables. The CPU backend's store
-(cpu_experts.py) runs that logic today; this one declares no pool (Backend.expert_pool is None).
+(cpu_experts.py) is such a tier in host memory today (float32 slots over the pack's quantized
+blocks, a miss dequantized into its slot); this one declares no pool yet (Backend.expert_pool is
+None): every expert loads resident.
 """
 
 from __future__ import annotations

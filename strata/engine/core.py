@@ -18,10 +18,11 @@ from strata.backend.select import device_for_model, make_backend
 from strata.batch.scheduler import Scheduler, SchedulerConfig, fused_drafts_default
 from strata.engine.checkpoints import CheckpointPlan, checkpoint_budget, plan_checkpoints
 from strata.engine.context_room import check_one_slot_fits, past_training_warning
+from strata.engine.expert_room import auto_room
 from strata.engine.options import EngineOptions
 from strata.protocol import GenerationRequest, RequestHandle
 from strata.errors import OutOfMemory, StrataError
-from strata.experts.budget import expert_tensors, plan_cache
+from strata.experts.budget import CachePlan, expert_tensors, plan_cache
 from strata.experts.profile import read_profile, write_profile
 from strata.gguf.row_source import HostTables
 from strata.sampling.logit_adjust import bans_everything
@@ -66,13 +67,18 @@ def _progress(log: Callable[[str], None], what: str) -> Callable[[int, int], Non
     return report
 
 
-def _check_room(backend: Any, tensors, what: str) -> None:
+def _check_room(backend: Any, tensors, what: str, plan: CachePlan | None = None, hint: str = "") -> None:
     """Refuse, before loading anything, a pack whose weights cannot fit what the device has free
-    (a lower bound of theirs against free memory: never a false refusal)."""
-    need, free = backend.weight_bytes(list(tensors)), backend.free_bytes()
-    if need is not None and free is not None and need > free:
+    (a lower bound of theirs against free memory: never a false refusal). With an expert cache
+    `plan`, its tensors count as the pool's slots (their blocks stay where the backend's pool
+    reads them: no memory of their own on the device)."""
+    tensors, pool = list(tensors), plan.pool_bytes if plan is not None else 0
+    need = backend.weight_bytes(tensors, mapped=plan.tensors) if plan is not None else backend.weight_bytes(tensors)
+    free = backend.free_bytes()
+    if need is not None and free is not None and need + pool > free:
         raise OutOfMemory(f"{what} does not fit on {backend.name}: its weights take at least "
-                          f"{need / MiB:.0f} MiB there, {free / MiB:.0f} MiB is free ({_room_hint(backend)})")
+                          f"{(need + pool) / MiB:.0f} MiB there, {free / MiB:.0f} MiB is free "
+                          f"({_room_hint(backend)}{hint})")
 
 
 def _room_hint(backend: Any) -> str:
@@ -229,7 +235,7 @@ class EngineCore:
         self = cls(plan.opts, log, backend, pack, pack_arg)
         self._read_pack()
         src = plan.find_draft(pack)  # (before the weights: a draft file it refuses costs no load)
-        self._plan_experts(src)
+        self._plan_experts(src)  # (refuses a pack whose weights do not fit, the pool counted)
         self._load_model()
         src = self._load_draft(src)
         self._plan_slots(src)
@@ -237,8 +243,7 @@ class EngineCore:
         return self
 
     def _read_pack(self) -> None:
-        """The pack's config, weights check, tokenizer and chat template; refused at once when
-        its weights cannot fit the device."""
+        """The pack's config, weights check, tokenizer and chat template."""
         from strata.text.chat_template import ChatTemplate
         from strata.text.tokenizer import Tokenizer
 
@@ -249,24 +254,35 @@ class EngineCore:
                  f"{len(pack.tensors)} tensors, {pack.total_bytes / MiB:.1f} MiB")
         self.tokenizer = Tokenizer.from_metadata(md)
         self.chat = ChatTemplate.from_metadata(md)
-        _check_room(self.backend, pack.tensors.values(), f"pack {pack.label}")
 
     def _plan_experts(self, src: Any) -> None:
         """The expert cache, before any expert loads: the main model's expert tensors (a draft's
-        stay resident) as pools of slots for --expert-cache, seeded by --expert-profile; said in
-        one line where a pool is built. The profile is read (and held to the model) only then."""
-        opts, backend, log = self.opts, self.backend, self.log
+        stay resident) as pools of slots for --expert-cache (auto: strata/engine/expert_room.py),
+        seeded by --expert-profile; said in one line where a pool is built. The pack is refused
+        here when its weights, the pool counted, cannot fit. The profile is read (and held to the
+        model) only where a pool is built."""
+        opts, backend, log, pack = self.opts, self.backend, self.log, self.pack
         if opts.expert_profile_out:
             atexit.register(self.write_expert_profile, opts.expert_profile_out)
         draft = set(src.tensors) if src is not None else set()
-        tensors = expert_tensors([t for n, t in self.pack.tensors.items() if n not in draft], backend.expert_bytes)
+        main = [t for n, t in pack.tensors.items() if n not in draft]
+        tensors = expert_tensors(main, backend.expert_bytes)
         self._expert_layers = {t.group for t in tensors}
-        # auto: the CPU keeps every expert in host RAM, and no device pool is built yet elsewhere
-        plan = plan_cache(tensors, opts.expert_cache_request(), auto_bytes=None)
+        request = opts.expert_cache_request()
+        room = None
+        if request.kind == "auto" and backend.expert_pool is not None and tensors:
+            loads = main + (list(src.tensors.values()) if src is not None and opts.spec > 0 else [])
+            n_ctx = min(opts.max_context or self.cfg.n_ctx_train, 1 << 30)
+            room = auto_room(backend, self.cfg, opts, n_ctx, loads, draft=len(loads) > len(main),
+                             pooled={t.name for t in tensors})
+        plan = plan_cache(tensors, request, auto_bytes=room.budget if room is not None else None)
         if plan is not None and backend.expert_pool is None:
             log(f"strata: warning: --expert-cache {opts.expert_cache}: the {backend.name} backend has no expert pool "
                 f"yet; every expert loads resident")
             plan = None
+        pool_would_help = tensors and backend.expert_pool is not None and plan is None and request.kind != "auto"
+        hint = ", or --expert-cache auto" if pool_would_help else ""
+        _check_room(backend, pack.tensors.values(), f"pack {pack.label}", plan, hint)
         if plan is None:
             if opts.expert_profile and tensors:
                 log(f"strata: experts: every expert is resident; --expert-profile {opts.expert_profile} is not read")
@@ -277,7 +293,8 @@ class EngineCore:
             profile.check_model(opts.expert_profile, {g.name: g.n_expert for g in plan.groups})
             rates = profile.rates
         backend.configure_experts(plan, opts.expert_policy, {}, rates)
-        log(plan.line(backend.name, emulated=backend.expert_pool == "emulated"))
+        tier = backend.expert_pool
+        log(plan.line(tier.slots, tier.blocks, room.words() if room is not None else ""))
 
     def write_expert_profile(self, path: str) -> bool:
         """The routing counts seen since load, as an --expert-profile file (False where the backend

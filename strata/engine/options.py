@@ -279,10 +279,10 @@ FLAGS: tuple[Flag, ...] = (
               "page cache used, a read per run of rows every window). No effect on packs without the table"),
     # (strata/experts/: the pool's bookkeeping, its policies and the profile file)
     Flag(("--expert-cache",), "str", "auto", type=_expert_cache, metavar="auto|off|SIZE|N%",
-         help="routed experts in host RAM behind a pool of device slots: SIZE of device memory (512MiB, 20GiB) "
-              "or N%% of the experts; auto: as many as fit beside the rest (today every expert: the CPU keeps "
-              "them all in RAM, and the CUDA backend has no pool yet); off: all resident. On the CPU a pool "
-              "emulates the device tier (tests, measurements) and saves no memory"),
+         help="routed experts behind a pool of slots: SIZE of memory (512MiB, 20GiB) or N%% of the experts; "
+              "auto: every expert resident where they fit beside the rest, else as many slots as fit; off: all "
+              "resident. On the CPU the slots hold float32 experts and the rest stay quantized in the pack file, "
+              "dequantized on a miss; the CUDA backend has no pool yet (every expert resident)"),
     Flag(("--expert-policy",), "str", "frequency", choices=tuple(POLICIES), metavar="|".join(POLICIES),
          help="which cached expert leaves the pool for a missing one: lru, or frequency (frequency-weighted "
               "LRU: decayed use counts)"),

@@ -3,9 +3,10 @@ pool, and how many slots each pool gets.
 
 SIZE is bytes of the device given to the pool (512MiB, 20GiB; KB/MB/GB/TB are powers of ten),
 N% a share of the experts (12.5% allowed); either caches the same share of each pool's experts, at
-least one slot each. `auto` fills what the device has left after everything else (auto_budget);
-`off` keeps every expert resident. A pool that would hold every expert is no pool: the experts load
-resident, as without the flag.
+least one slot each. `auto` fills what the device has left after everything else (auto_budget;
+the engine estimates the rest: strata/engine/expert_room.py); `off` keeps every expert resident.
+A pool that would hold every expert is no pool: the experts load resident, as without the flag.
+Sizes are the backend's (Backend.expert_bytes): quantized blocks on the GPU, float32 on the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from strata.experts.cache import GroupSpec, PoolSizes, PoolSpec
+from strata.kernels.ggml_types import type_by_id
 
 GiB = 1 << 30
 UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -68,7 +70,8 @@ class ExpertTensor:
     group: str  # the layer's tensor prefix ("blk.3.")
     role: str  # ffn_gate_exps, ffn_up_exps, ffn_gate_up_exps or ffn_down_exps
     n_expert: int
-    expert_bytes: int  # one expert of it on the device
+    expert_bytes: int  # one expert of it on the device (resident or in a slot)
+    block_bytes: int = 0  # all of its experts' GGUF blocks (the pack's bytes)
 
 
 _ROLE = re.compile(r"^(.*?)(ffn_(?:gate_up|gate|up|down)_exps)\.weight$")
@@ -88,8 +91,10 @@ def expert_tensors(infos: Iterable, expert_bytes: Callable[[int, tuple[int, ...]
         parts = split_expert_name(t.name)
         if parts is None or len(t.shape) != 3:
             continue
-        out.append(ExpertTensor(t.name, parts[0], parts[1], int(t.shape[2]),
-                                int(expert_bytes(t.ggml_type, tuple(int(x) for x in t.shape)))))
+        shape = tuple(int(x) for x in t.shape)
+        gtype = type_by_id(t.ggml_type)
+        blocks = gtype.row_bytes(shape[0]) * shape[1] * shape[2] if gtype is not None else 0
+        out.append(ExpertTensor(t.name, parts[0], parts[1], shape[2], int(expert_bytes(t.ggml_type, shape)), blocks))
     return out
 
 
@@ -100,19 +105,18 @@ class CachePlan(PoolSizes):
     request: CacheRequest
     expert_bytes: int  # every expert's bytes
     pool_bytes: int  # the slots'
+    block_bytes: int = 0  # every pooled tensor's GGUF blocks
+    tensors: tuple[str, ...] = ()  # the pooled tensors' names
 
-    def line(self, device: str, emulated: bool) -> str:
-        """The start-up line: how many slots of how many experts, in GiB, and what stays in RAM."""
-        rest = self.expert_bytes - self.pool_bytes
-        where = "in the pool" if emulated else f"on the {device}"
+    def line(self, slots: str, blocks: str, why: str = "") -> str:
+        """The start-up line: how many slots of how many experts, in GiB, where the slots are
+        (`slots`) and where every expert's blocks stay (`blocks`: the backend's words), and
+        `why` (auto's arithmetic) when given."""
         line = (f"strata: experts: {self.n_slots} slot{'s' if self.n_slots != 1 else ''} of {self.n_units} "
-                f"({_size(self.pool_bytes)}) {where}, the rest ({_size(rest)}) in host RAM "
+                f"({_size(self.pool_bytes)}) {slots}; every expert's blocks ({_size(self.block_bytes)}) {blocks} "
                 f"(--expert-cache {self.request}, {len(self.pools)} "
                 f"pool{'s' if len(self.pools) != 1 else ''} over {len(self.groups)} layers)")
-        if emulated:
-            line += (f"; on the {device} the pool emulates the device tier (tests, policy measurements): every "
-                     "expert stays in host RAM too, so it saves no memory")
-        return line
+        return line + (f"; {why}" if why else "")
 
 
 def _size(n: int) -> str:
@@ -124,7 +128,7 @@ def plan_cache(tensors: Sequence[ExpertTensor], request: CacheRequest, auto_byte
     every expert stays resident (off, auto with room for all, or a pool that holds them all)."""
     groups: dict[str, dict[str, ExpertTensor]] = {}
     for t in tensors:
-        groups.setdefault(t.group, {})[t.role] = t
+        groups.setdefault(t.group, {}).setdefault(t.role, t)  # a role's first tensor (the store pools that one)
     if not groups or request.kind == "off":
         return None
     layouts: dict[tuple, list[str]] = {}
@@ -155,7 +159,9 @@ def plan_cache(tensors: Sequence[ExpertTensor], request: CacheRequest, auto_byte
         return None
     order = list(groups)  # the pack's order of layers
     group_specs = tuple(GroupSpec(g, n_expert[g], p) for g, p in sorted(specs, key=lambda s: order.index(s[0])))
-    return CachePlan(tuple(pools), group_specs, request, total, pool_bytes)
+    pooled = [t for roles in groups.values() for t in roles.values()]
+    return CachePlan(tuple(pools), group_specs, request, total, pool_bytes,
+                     sum(t.block_bytes for t in pooled), tuple(t.name for t in pooled))
 
 
 def auto_budget(free: int | None, other: int, margin: int = AUTO_MARGIN) -> int | None:

@@ -69,7 +69,7 @@ class CacheStats:
     windows: int = 0
     window_uploads: int = 0
     window_bytes: int = 0
-    host_seconds: float = 0.0  # time computing experts from host memory
+    host_seconds: float = 0.0  # time serving HOST experts (the CPU store: dequantizing them for the window)
 
     def hit_rate(self) -> float | None:
         return self.hits / self.lookups if self.lookups else None

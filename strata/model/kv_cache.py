@@ -99,6 +99,17 @@ class KVCache:
         total = sum(int(a.nbytes) for a in self._k + self._v + self._kd + self._vd)
         return total + sum(int(a.nbytes) for a in self._ks + self._vs)
 
+    @staticmethod
+    def position_bytes(xp: Any, n_layer: int, n_kv: int, head_dim: int, kind: str) -> int:
+        """What one position costs a cache of these sizes, before one exists (the figure
+        bytes_per_position measures): k and v, int8's scales, the CPU's float32 copies."""
+        per = 2 * n_kv * head_dim * (2 if kind == "f16" else 1)
+        if kind == "int8":
+            per += 2 * n_kv * 4
+        if xp.__name__ == "numpy":
+            per += 2 * n_kv * head_dim * 4
+        return n_layer * per
+
     @property
     def bytes_per_position(self) -> int:
         """What one more position costs this cache (every layer, k and v, scales, CPU copies)."""
