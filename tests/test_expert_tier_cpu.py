@@ -170,3 +170,27 @@ def test_experts_larger_than_memory_load_with_auto_and_are_refused_with_off(pack
     assert stats is not None and stats["slots"] < stats["experts"] and stats["host_served"] > 0
     assert backend.held_bytes() < cap
     assert tokens == resident
+
+
+@pytest.mark.parametrize("spec", [None, 0, 2])
+def test_the_room_check_counts_a_pack_s_nextn_layer_only_when_mtp_loads_it(tmp_path_factory, monkeypatch, spec):
+    """A pack's own MTP layer (its experts too) stays in the file when MTP is off (the CPU's
+    default for a pack's nextn layer, or --spec 0): the room check counts what loads, so a big
+    pack is not refused for a draft it will not load."""
+    pack_dir = shared_tiny(tmp_path_factory, "qwen35moe", vocab=gr.VOCAB)
+    seen: list[set[str]] = []
+    weight_bytes = CpuBackend.weight_bytes
+    monkeypatch.setattr(CpuBackend, "weight_bytes",
+                        lambda self, tensors, *a, **k: seen.append({t.name for t in tensors}) or
+                        weight_bytes(self, tensors, *a, **k))
+    flags = [] if spec is None else ["--spec", str(spec)]
+    opts = parse_engine_args(["--pack", str(pack_dir), "--device", "cpu", *flags], serving=False)
+    core = EngineCore.load(opts, log=lambda line: None)
+    try:
+        n_layer, drafting = core.cfg.n_layer, core.draft is not None
+    finally:
+        core.stop()
+    assert drafting == (spec == 2) and seen
+    for names in seen:  # auto's budget and the room check alike
+        assert any(n.startswith(f"blk.{n_layer}.") for n in names) == drafting
+        assert any(n.startswith("blk.0.") for n in names)
