@@ -11,8 +11,9 @@ runs in its own process, so its peak RSS (ru_maxrss) is its own: load the engine
 prompt, then decode greedily as `strata generate` does (the scheduler's thread, tokens as they
 stream); tokens/s counts from the first token to the last. A second request (another prompt)
 follows on the same engine: the first fills an empty pool, the second finds it as the first
-left it. Hit rate and dequantized experts are the two requests' together. Synthetic routing is close to uniform,
-so a pool of p% hits about p% of lookups: this is the tier's worst case, not a real model's.
+left it. Hit rate and dequantized experts are the two requests' together. How concentrated the
+routing is depends on the random router: on this pack a quarter of the experts took 92% of the
+lookups (docs/MEMORY.md); uniform routing, where a pool of p% hits about p%, is the tier's worst case.
 A pool of 100% is no pool (every expert loads resident, as without the flag).
 """
 
