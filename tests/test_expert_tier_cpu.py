@@ -194,3 +194,11 @@ def test_the_room_check_counts_a_pack_s_nextn_layer_only_when_mtp_loads_it(tmp_p
     for names in seen:  # auto's budget and the room check alike
         assert any(n.startswith(f"blk.{n_layer}.") for n in names) == drafting
         assert any(n.startswith("blk.0.") for n in names)
+
+
+def test_a_window_s_misses_dequantized_on_threads_give_the_resident_tokens(pack_dir, resident):
+    """--threads 2: a window's misses are dequantized side by side (each into its own slot), and
+    the tokens are the resident engine's."""
+    tokens, stats, backend = _plain_tokens(pack_dir, ["--expert-cache", "25%", "--threads", "2"])
+    assert backend.experts.threads == 2 and backend.experts._workers is not None
+    assert stats["uploads"] > 1 and tokens == resident

@@ -130,11 +130,12 @@ class CpuBackend(Backend):
 
     def __init__(self, threads: int | None = None) -> None:
         self._cache: dict[str, np.ndarray] = {}
-        self.experts = CpuExpertStore()  # resident experts, or the pool's slots over the pack's blocks
-        self.memory_cap = _memory_from_env()  # (test-only: ENV_MEMORY)
-        self._held = 0  # bytes of the weights made so far, experts aside (the store counts its own)
         # decided once, at start-up, and said in start_line (default_threads: the free cores)
         self._threads, self._threads_why = choose_threads(threads)
+        # resident experts, or the pool's slots over the pack's blocks (its misses on as many threads)
+        self.experts = CpuExpertStore(self._threads)
+        self.memory_cap = _memory_from_env()  # (test-only: ENV_MEMORY)
+        self._held = 0  # bytes of the weights made so far, experts aside (the store counts its own)
         self._current: int | None = None
         try:
             from threadpoolctl import ThreadpoolController
