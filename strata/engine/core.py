@@ -271,7 +271,8 @@ class EngineCore:
         request = opts.expert_cache_request()
         room = None
         # what loads: the main stack, and the draft's tensors when MTP is on (a pack's nextn layer
-        # with --spec 0 stays in the file)
+        # with --spec 0 stays in the file). auto leaves the draft room; the refusal counts the main
+        # stack alone, since a draft that does not fit only turns MTP off (_load_draft)
         loads = main + (list(src.tensors.values()) if src is not None and opts.spec > 0 else [])
         if request.kind == "auto" and backend.expert_pool is not None and tensors:
             n_ctx = min(opts.max_context or self.cfg.n_ctx_train, 1 << 30)
@@ -284,7 +285,7 @@ class EngineCore:
             plan = None
         pool_would_help = tensors and backend.expert_pool is not None and plan is None and request.kind != "auto"
         hint = ", or --expert-cache auto" if pool_would_help else ""
-        _check_room(backend, loads, f"pack {pack.label}", plan, hint)
+        _check_room(backend, main, f"pack {pack.label}", plan, hint)
         if plan is None:
             if opts.expert_profile and tensors:
                 log(f"strata: experts: every expert is resident; --expert-profile {opts.expert_profile} is not read")
