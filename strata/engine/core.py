@@ -286,28 +286,44 @@ class EngineCore:
         pool_would_help = tensors and backend.expert_pool is not None and plan is None and request.kind != "auto"
         hint = ", or --expert-cache auto" if pool_would_help else ""
         _check_room(backend, main, f"pack {pack.label}", plan, hint)
+        rates = self._expert_rates(tensors, plan)
         if plan is None:
-            if opts.expert_profile and tensors:
-                log(f"strata: experts: every expert is resident; --expert-profile {opts.expert_profile} is not read")
             return
-        rates: Callable[[str], Any] = lambda name: None  # noqa: E731
-        if opts.expert_profile:
-            profile = read_profile(opts.expert_profile)
-            profile.check_model(opts.expert_profile, {g.name: g.n_expert for g in plan.groups})
-            rates = profile.rates
         backend.configure_experts(plan, opts.expert_policy, {}, rates)
         tier = backend.expert_pool
         log(plan.line(tier.slots, tier.blocks, room.words() if room is not None else ""))
 
+    def _expert_rates(self, tensors: list, plan: CachePlan | None) -> Callable[[str], Any]:
+        """--expert-profile read and held to the model whether or not a pool is built (so a config
+        behaves alike on every machine): its rates(layer), or none. A profile only steers which
+        experts a pool starts with, so one that cannot be read, or is another model's, is a
+        warning and the pool starts empty, never a refusal."""
+        path, log = self.opts.expert_profile, self.log
+        none: Callable[[str], Any] = lambda name: None  # noqa: E731
+        if not path or not tensors:
+            return none
+        try:
+            profile = read_profile(path)
+            profile.check_model(path, {t.group: t.n_expert for t in tensors})
+        except StrataError as e:
+            log(f"strata: warning: {e.message}; --expert-profile is not used")
+            return none
+        if plan is None:
+            log(f"strata: experts: every expert is resident; --expert-profile {path} steers nothing")
+        return profile.rates
+
     def write_expert_profile(self, path: str) -> bool:
         """The routing counts seen since load, as an --expert-profile file (False where the backend
-        does not count its routing)."""
+        does not count its routing, or nothing was routed yet: a profile of nothing steers nothing,
+        and the file is left as it was)."""
         seen = self.backend.expert_counts()
         if seen is None:
             return False
         counts, tokens = seen
         main = {k: v for k, v in counts.items() if k in self._expert_layers} or counts
-        write_profile(path, max((tokens[k] for k in main), default=0), main)
+        if not main:
+            return False
+        write_profile(path, max(tokens[k] for k in main), main)
         return True
 
     def _load_model(self) -> None:

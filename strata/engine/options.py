@@ -288,9 +288,11 @@ FLAGS: tuple[Flag, ...] = (
               "LRU: decayed use counts)"),
     Flag(("--expert-profile",), "str | None", metavar="FILE",
          help="per-layer expert routing counts (`strata experts profile` writes them): the pool starts with "
-              "the hottest experts and the policy with their counts; not read when every expert is resident"),
+              "the hottest experts and the policy with their counts (one that cannot be read, or is another "
+              "model's, is a warning: the pool starts empty)"),
     Flag(("--expert-profile-out",), "str | None", metavar="FILE",
-         help="write the routing counts this engine saw to FILE when it stops (an --expert-profile file)"),
+         help="write the routing counts this engine saw to FILE when it stops (an --expert-profile file; "
+              "nothing is written before a request has run)"),
     Flag(("--device",), "str", "auto", choices=("auto", "cpu", "cuda"), help="compute backend"),
     Flag(("--no-native",), "str", "", metavar="TYPES",
          help="diagnostic: comma-separated GGML types to drop from the native kernel table"),
