@@ -46,7 +46,8 @@ def load(path: str) -> tuple[Transformer, Tokenizer]:
 
 def weight_bytes_per_token(model: Transformer) -> int:
     """float32 bytes a one-token forward reads: every matrix once (the embedding row aside)."""
-    from strata.backend.cpu import DenseExperts, DenseWeight
+    from strata.backend.cpu import DenseWeight
+    from strata.backend.cpu_experts import DenseExperts
 
     total = int(model.output.wt.nbytes)
     share = model.cfg.n_expert_used / max(1, model.cfg.n_expert)  # routed experts: only n_expert_used per token

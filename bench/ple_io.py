@@ -31,7 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.gguf.reader import GGUFFile  # noqa: E402
-from strata.gguf.row_source import HostTables, size_text  # noqa: E402
+from strata.gguf.row_source import HostTables  # noqa: E402
+from strata.units import size_text  # noqa: E402
 from strata.gguf.writer import GGUFWriter  # noqa: E402
 from strata.kernels.ggml_types import BY_NAME  # noqa: E402
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata.backend.cpu import CpuBackend, dequantize_source
+from strata.backend.cpu import CpuBackend
+from strata.backend.cpu_layout import dequantize_source
 from strata.gguf.reader import GGUFFile
 from strata.gguf.writer import GGUFWriter
 from strata.kernels.ggml_types import BY_NAME

@@ -19,8 +19,8 @@ from typing import Any, Collection, Sequence
 import numpy as np
 
 from strata.backend.base import Backend, ExpertTier, TensorSource
-from strata.backend.cpu_experts import CpuExpertStore, DenseExperts  # noqa: F401  (DenseExperts: bench_cpu reads it here)
-from strata.backend.cpu_layout import TRANSPOSE_ROWS, dequantize_source, transposed  # noqa: F401  (read from here)
+from strata.backend.cpu_experts import CpuExpertStore, DenseExperts
+from strata.backend.cpu_layout import dequantize_source, transposed
 from strata.errors import StrataError
 from strata.gguf.row_source import HOST_ROW_TENSORS
 from strata.host_memory import available_host_bytes

@@ -56,11 +56,15 @@ def _gib(n: int) -> str:
 
 def slot_state_bytes(xp: Any, cfg: Any, positions: int, kv: str, spec: int, draft: bool) -> int:
     """One slot's state before a model exists: the KV of its attention layers (and the draft's
-    one) at `positions`, and one copy of a hybrid model's recurrent state."""
+    one) at `positions`, one copy of a hybrid model's recurrent state, and what its architecture
+    keeps beside them (qwen4exp's indexer keys per position and n-gram history)."""
     n_attention = cfg.n_layer - (cfg.hybrid.n_recurrent if cfg.hybrid is not None else 0) + int(draft)
     total = positions * KVCache.position_bytes(xp, n_attention, cfg.n_head_kv, cfg.head_dim, kv)
     if cfg.hybrid is not None:
-        total += HybridCache.state_bytes(recurrent_shape(cfg), max(REPLAY_TOKENS, spec + 1), checkpoint=False)
+        replay = max(REPLAY_TOKENS, spec + 1)
+        total += HybridCache.state_bytes(recurrent_shape(cfg), replay, checkpoint=False)
+        total += positions * cfg.hybrid.extra_position_bytes(n_attention)
+        total += cfg.hybrid.extra_state_bytes(cfg.n_embd, replay, False)
     return total
 
 

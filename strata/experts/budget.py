@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 
 from strata.experts.cache import GroupSpec, PoolSizes, PoolSpec
 from strata.kernels.ggml_types import type_by_id
+from strata.units import size_text
 
 GiB = 1 << 30
 UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -113,14 +114,10 @@ class CachePlan(PoolSizes):
         (`slots`) and where every expert's blocks stay (`blocks`: the backend's words), and
         `why` (auto's arithmetic) when given."""
         line = (f"strata: experts: {self.n_slots} slot{'s' if self.n_slots != 1 else ''} of {self.n_units} "
-                f"({_size(self.pool_bytes)}) {slots}; every expert's blocks ({_size(self.block_bytes)}) {blocks} "
+                f"({size_text(self.pool_bytes, gib_digits=2)}) {slots}; every expert's blocks ({size_text(self.block_bytes, gib_digits=2)}) {blocks} "
                 f"(--expert-cache {self.request}, {len(self.pools)} "
                 f"pool{'s' if len(self.pools) != 1 else ''} over {len(self.groups)} layers)")
         return line + (f"; {why}" if why else "")
-
-
-def _size(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
 
 
 def plan_cache(tensors: Sequence[ExpertTensor], request: CacheRequest, auto_bytes: int | None = None) -> CachePlan | None:

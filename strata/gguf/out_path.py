@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from strata.errors import StrataError
+from strata.units import size_text
 
 # left free beside what is written: a disk filled to its last byte breaks everything else on it
 DISK_RESERVE = 256 << 20
@@ -55,9 +56,7 @@ def check_room(flag: str, folder: str | Path, nbytes: int) -> None:
     """Refuse before writing nbytes into folder when its disk has not that much free."""
     free = shutil.disk_usage(folder).free
     if nbytes > free - DISK_RESERVE:
-        raise StrataError(f"{flag} {folder}: the output would take {_size(nbytes)} and its disk has {_size(free)} "
-                          f"free, {_size(DISK_RESERVE)} of which is kept free; make room or write it elsewhere")
+        raise StrataError(f"{flag} {folder}: the output would take {size_text(nbytes)} and its disk has {size_text(free)} "
+                          f"free, {size_text(DISK_RESERVE)} of which is kept free; make room or write it elsewhere")
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from abc import ABC, abstractmethod
 import threading
 import time
 import weakref
@@ -38,6 +39,7 @@ import numpy as np
 from strata.errors import StrataError
 from strata.gguf.reader import TensorInfo
 from strata.host_memory import available_host_bytes
+from strata.units import size_text
 
 # tensors that stay on the host whatever the backend, read by rows (the memory estimates leave them out)
 HOST_ROW_TENSORS = ("per_layer_token_embd",)
@@ -51,13 +53,6 @@ PROGRESS_FROM = 1 << 30  # a ram copy at least this large says how far it got, e
 COPY_CHUNK = 64 << 20  # bytes per read of the ram copy
 
 
-def size_text(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
 class RowSource(Protocol):
     n_rows: int
     row_bytes: int
@@ -66,7 +61,7 @@ class RowSource(Protocol):
     def rows(self, indices: np.ndarray) -> np.ndarray: ...
 
 
-class _Rows:
+class _Rows(ABC):
     """What every source shares: a window's distinct rows read once, in file order (`_read` of
     sorted unique indices), then put back in the order asked."""
 
@@ -82,8 +77,9 @@ class _Rows:
             raise IndexError(f"row {uniq[0] if uniq[0] < 0 else uniq[-1]} outside [0, {self.n_rows})")
         return self._read(uniq)[inverse.reshape(-1)]
 
+    @abstractmethod
     def _read(self, rows: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The raw rows of sorted, distinct indices, (len(rows), row_bytes) uint8."""
 
 
 def _geometry(info: TensorInfo, row_bytes: int) -> int:

@@ -111,9 +111,9 @@ class HyperTransformer(Transformer):
         return super().checkpoint_bytes() + self._ple_bytes(True) - self._ple_bytes(False)
 
     def position_bytes(self) -> int:
-        """What one more position costs a sequence beside its KV cache: the indexer's f32 raw
-        keys in every attention layer and the token id (the n-gram context)."""
-        return 4 * self.n_attention * self.cfg.hybrid.idx_dim + 8
+        """What one more position costs a sequence beside its KV cache
+        (Qwen4ExpConfig.extra_position_bytes)."""
+        return self.cfg.hybrid.extra_position_bytes(self.n_attention)
 
     def state_line(self, checkpoint: bool = True) -> str:
         """The state a slot keeps, in words (the start-up line of this family)."""

@@ -85,6 +85,11 @@ class Qwen4ExpConfig(HybridConfig):
         row = 4 * self.hc_count * n_embd
         return (3 * self.ple_history_rows + (replay_tokens if checkpoint else 0)) * row if self.ple_layers else 0
 
+    def extra_position_bytes(self, n_attention: int) -> int:
+        """The indexer's float32 raw key in every attention layer, and the token id (the n-gram
+        context)."""
+        return 4 * n_attention * self.idx_dim + 8
+
     @property
     def ple_table_rows(self) -> int:
         """The rows the hash reaches."""

@@ -81,6 +81,11 @@ class HybridConfig:
         architecture with more declares it: qwen4exp's n-gram conv history)."""
         return 0
 
+    def extra_position_bytes(self, n_attention: int) -> int:
+        """What one more position costs a sequence beside its KV cache (none here; qwen4exp's
+        indexer keys and token id)."""
+        return 0
+
     def key_head_of(self) -> np.ndarray:
         """For each value head, the key head it reads (DeltaNetTraits: tiled or grouped)."""
         j = np.arange(self.n_v_heads)

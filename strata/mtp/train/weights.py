@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.backend.cpu import dequantize_source
+from strata.backend.cpu_layout import dequantize_source
 from strata.errors import StrataError
 from strata.gguf.reader import GGUFFile
 from strata.model.transformer import Span
